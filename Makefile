@@ -1,0 +1,29 @@
+# sao-repro: `make study` installs everything into a fresh virtualenv (CPU torch) and runs the
+# five-setting comparison on the CPU testbed; `make test` runs the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+SEEDS ?= 1
+OUT ?= runs
+JOBS ?= 2
+# the CPU build of torch; elsewhere add e.g. TORCH_ARGS='--index-url <a CPU wheel index>'
+TORCH ?= torch==2.13.0
+TORCH_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: install study test bench
+
+$(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
+	$(PYTHON) -m venv $(VENV)
+	PATH=$(abspath $(BIN)):$$PATH TORCH='$(TORCH)' TORCH_ARGS='$(TORCH_ARGS)' bash scripts/install_dev.sh
+	touch $@
+
+install: $(BIN)/sao-repro
+
+study: install
+	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS)
+
+test: install
+	PATH=$(abspath $(BIN)):$$PATH bash scripts/test.sh
+
+bench: install
+	$(BIN)/python -m sao_repro.bench mini

@@ -1,0 +1,509 @@
+"""AReaL 1.0.4 backend: configs through AReaL's own loader, our GAE vs AReaL's `_compute_advantages`,
+our DIS loss vs AReaL's `grpo_loss_fn`, the running-mean reward_norm across ranks, DIS statistics, engines.
+
+Needs the areal==1.0.4 wheel (installed with --no-deps by scripts/install_dev.sh); heavy AReaL imports that
+are missing get the test stand-ins of tests/areal_stubs.py (installed by tests/conftest.py)."""
+import copy
+import glob
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import areal_stubs
+
+if not areal_stubs.areal_available():
+    pytest.skip("areal==1.0.4 is not installed (pip install --no-deps areal==1.0.4)", allow_module_level=True)
+areal_stubs.install()
+
+from areal.api.cli_args import PPOActorConfig, RejectionSamplingConfig  # noqa: E402
+from areal.trainer.ppo.actor import PPOActor, grpo_loss_fn  # noqa: E402
+from areal.utils.functional import apply_rejection_sampling  # noqa: E402
+from areal.utils.stats_tracker import DistributedStatsTracker, ReduceType  # noqa: E402
+
+from sao_repro.areal.algo import RunningMeanRewardNorm, log_dis_stats, areal_actor_keys  # noqa: E402
+from sao_repro.areal.config import (SAOActorConfig, SAOConfig, SAOSection, load_sao_config,  # noqa: E402
+                                    setting_mismatches, config_yaml)
+from sao_repro.areal.trainer import SAOPPOActor, SAOPPOCritic  # noqa: E402
+from sao_repro.advantages import RunningMeanBaseline  # noqa: E402
+from sao_repro.loss import policy_loss  # noqa: E402
+from sao_repro.settings import get_setting, list_settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+SETTING_FILES = {"sao": "phase2_hard_sao.yaml", "grpo": "phase2_hard_grpo.yaml", "grpo_dis": "phase2_hard_grpo_dis.yaml",
+                 "running_mean": "phase2_hard_running_mean.yaml", "single_dis": "phase2_hard_grpo_dis_g1.yaml"}
+
+
+def load(name, *overrides):
+    return load_sao_config(CONFIGS / name, list(overrides), dotenv=None, placeholders=True)
+
+
+# ---------------------------------------------------------------- configs
+
+@pytest.mark.parametrize("setting", list(SETTING_FILES))
+def test_setting_config_loads_through_areal_and_matches_registry(setting):
+    cfg = load(SETTING_FILES[setting])
+    assert isinstance(cfg, SAOConfig)
+    assert cfg.sao.setting == setting
+    assert setting_mismatches(cfg) == []
+    s = get_setting(setting)
+    assert cfg.gconfig.n_samples == s.group_size
+    assert (cfg.critic is not None) == s.critic
+    rs = cfg.actor.rejection_sampling
+    if s.band is None:
+        assert rs is None and cfg.actor.use_decoupled_loss is False and cfg.actor.recompute_logprob is False
+    else:
+        assert (rs.level, rs.action, rs.metric, rs.lower, rs.upper) == ("token", "mask", "ratio", 0.3, 5.0)
+        assert cfg.actor.use_decoupled_loss is True and cfg.actor.ppo_n_minibatches == 1
+    # the AReaL schema pieces the issue names
+    assert cfg.scheduler.type == "ray"
+    assert cfg.rollout.backend.split(":")[0] in ("vllm", "sglang")
+    assert cfg.rollout.max_head_offpolicyness >= 1
+    assert cfg.actor.weight_update_mode == "disk"
+    assert cfg.actor.path.endswith("Qwen3-4B-Instruct-2507")
+    assert cfg.total_train_steps == 1000
+    assert (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node) == (3, 8)
+
+
+def test_trajectories_per_step_equal_across_settings():
+    cfgs = {s: load(f) for s, f in SETTING_FILES.items()}
+    per_step = {s: c.train_dataset.batch_size * c.gconfig.n_samples for s, c in cfgs.items()}
+    assert len(set(per_step.values())) == 1, per_step
+
+
+def test_single_node_variant():
+    cfg = load("phase2_hard_sao_1node.yaml")
+    assert cfg.cluster.n_nodes == 1 and setting_mismatches(cfg) == []
+    gpus = sum(int(b.split(":d")[1].split("t")[0]) * (int(b.split("t")[1]) if "t" in b.split(":")[1] else 1)
+               for b in (cfg.rollout.backend, cfg.actor.backend, cfg.critic.backend))
+    assert gpus <= cfg.cluster.n_gpus_per_node
+
+
+def test_paths_come_from_environment(monkeypatch):
+    base = (CONFIGS / "phase2_hard_base.yaml").read_text()
+    for var in ("SAO_WS", "MODEL_ROOT", "REWARD_ROOT"):
+        assert "${oc.env:" + var + "}" in base
+    monkeypatch.setenv("SAO_WS", "/ws")
+    monkeypatch.setenv("MODEL_ROOT", "/models")
+    monkeypatch.setenv("REWARD_ROOT", "/rw")
+    cfg = load_sao_config(CONFIGS / "phase2_hard_sao.yaml", ["seed=7"], dotenv=None)
+    assert cfg.actor.path == "/models/Qwen3-4B-Instruct-2507"
+    assert cfg.sao.run_dir == "/ws/runs/areal/sao/seed7"
+    assert cfg.trial_name == "sao_s7"
+
+
+def test_unset_environment_is_a_clear_error(monkeypatch):
+    for var in ("SAO_WS", "MODEL_ROOT", "REWARD_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="SAO_WS"):
+        load_sao_config(CONFIGS / "phase2_hard_sao.yaml", [], dotenv=None)
+
+
+def test_deviation_from_setting_names_key():
+    with pytest.raises(ValueError, match="actor.rejection_sampling"):
+        load("phase2_hard_grpo_dis.yaml", "actor.rejection_sampling=null")
+    with pytest.raises(ValueError, match="sao.warmup_steps"):
+        load("phase2_hard_sao.yaml", "sao.warmup_steps=0")
+    # the 1.0.4 trap: decoupled loss without rejection_sampling drops the behave weight
+    with pytest.raises(ValueError, match="use_decoupled_loss"):
+        load("phase2_hard_grpo.yaml", "actor.use_decoupled_loss=true")
+    cfg = load("phase2_hard_sao.yaml", "sao.warmup_steps=0", "sao.strict=false")
+    assert cfg.sao.warmup_steps == 0
+
+
+def test_resolved_yaml_round_trips_through_areal_loader(tmp_path):
+    import yaml
+    text = config_yaml(load("phase2_hard_sao.yaml"))
+    d = yaml.safe_load(text)
+    assert d["sao"]["setting"] == "sao" and d["actor"]["rejection_sampling"]["upper"] == 5.0
+    assert "${" not in text
+    f = tmp_path / "resolved.yaml"
+    f.write_text(text)
+    again = load_sao_config(f, [], dotenv=None, placeholders=True)
+    assert config_yaml(again) == text
+
+
+# ---------------------------------------------------------------- GAE vs AReaL's _compute_advantages
+
+def random_batch(seed, B=7, T=14, full_rows=(0,)):
+    "AReaL-layout batch: prompt then answer, right-padded; rows in `full_rows` fill the padded width."
+    g = torch.Generator().manual_seed(seed)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    lmask = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        plen = int(torch.randint(1, 4, (1,), generator=g))
+        seqlen = T if b in full_rows else int(torch.randint(plen + 1, T, (1,), generator=g))
+        attn[b, :seqlen] = 1
+        lmask[b, plen:seqlen] = 1
+    return {"input_ids": torch.randint(0, 100, (B, T), generator=g), "attention_mask": attn, "loss_mask": lmask,
+            "logprobs": -torch.rand(B, T, generator=g) * attn, "values": torch.randn(B, T, generator=g),
+            "ref_logp": -torch.rand(B, T, generator=g), "rewards": torch.randn(B, generator=g)}
+
+
+def actors(gamma, lam, kl_ctl):
+    common = dict(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=kl_ctl, discount=gamma, gae_lambda=lam)
+    theirs = PPOActor(PPOActorConfig(**common), engine=None)
+    ours = SAOPPOActor(SAOActorConfig(**common, sao=SAOSection(setting="sao", policy_lambda=str(lam), critic_lambda=lam,
+                                                               warmup_steps=10)), engine=None)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("seed,gamma,lam,kl_ctl", [(0, 1.0, 1.0, 0.0), (1, 0.99, 0.95, 0.0), (2, 1.0, 0.9, 0.1),
+                                                   (3, 0.97, 0.8, 0.05)])
+def test_gae_equals_areal_compute_advantages_apart_from_the_fix(seed, gamma, lam, kl_ctl):
+    data = random_batch(seed)
+    theirs, ours = actors(gamma, lam, kl_ctl)
+    a = theirs._compute_advantages(copy.deepcopy(data))
+    o = ours._compute_advantages(copy.deepcopy(data))
+    m = o["loss_mask"].bool()
+    assert torch.equal(a["loss_mask"], o["loss_mask"])
+    torch.testing.assert_close(o["tot_rewards"], a["tot_rewards"])
+    torch.testing.assert_close(o["logprobs"], a["logprobs"])
+    rest = torch.ones(len(m), dtype=torch.bool)
+    rest[0] = False  # row 0 fills the padded width: the documented fix
+    mm = m & rest[:, None]
+    torch.testing.assert_close(o["advantages"][mm], a["advantages"][mm], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o["returns"][mm], a["returns"][mm], rtol=1e-5, atol=1e-5)
+    # with the untrained last value zeroed, AReaL agrees on the full row too: the fix is exactly that bootstrap
+    d0 = copy.deepcopy(data)
+    d0["values"][0, -1] = 0.0
+    a0 = theirs._compute_advantages(d0)
+    torch.testing.assert_close(o["advantages"][m], a0["advantages"][m], rtol=1e-5, atol=1e-5)
+
+
+def test_areal_leak_bootstraps_from_the_untrained_last_position():
+    "AReaL 1.0.4: the row that fills the padded width reads values[:, T-1]; ours ignores it."
+    data = random_batch(5, full_rows=(0,))
+    theirs, ours = actors(1.0, 1.0, 0.0)
+    T = data["input_ids"].shape[1]
+    assert int(data["attention_mask"][0].sum()) == T  # row 0 fills the width, e.g. it is merely the longest
+    rolled = torch.roll(data["loss_mask"].float(), -1, dims=-1)
+    assert rolled[0, T - 1] == 0  # that position is never trained (not on the loss mask)
+    bumped = copy.deepcopy(data)
+    bumped["values"][0, T - 1] += 10.0
+    m = rolled.bool()
+    a, a2 = theirs._compute_advantages(copy.deepcopy(data)), theirs._compute_advantages(copy.deepcopy(bumped))
+    o, o2 = ours._compute_advantages(copy.deepcopy(data)), ours._compute_advantages(copy.deepcopy(bumped))
+    leak = a2["advantages"][0][m[0]] - a["advantages"][0][m[0]]
+    torch.testing.assert_close(leak, torch.full_like(leak, 10.0))  # every action of the row shifts by the junk value
+    torch.testing.assert_close(a2["advantages"][1:][m[1:]], a["advantages"][1:][m[1:]])  # other rows unaffected
+    torch.testing.assert_close(o2["advantages"], o["advantages"])  # ours: no leak
+    # with gamma = lambda = 1 ours is the Monte-Carlo return minus the value on every action
+    r = data["rewards"][0]
+    torch.testing.assert_close(o["advantages"][0][m[0]], r - data["values"][0][m[0]])
+
+
+def test_sao_lambdas_adaptive_policy_montecarlo_critic():
+    data = random_batch(9, full_rows=())
+    data.pop("ref_logp")
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
+                         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10))
+    o = SAOPPOActor(cfg, engine=None)._compute_advantages(copy.deepcopy(data))
+    m = o["loss_mask"].bool()
+    from sao_repro.gae import gae_reference, adaptive_lambda
+    lam = adaptive_lambda(m.sum(1), 1.5)
+    ref_adv, _ = gae_reference(o["tot_rewards"], data["values"], m, 1.0, lam)
+    _, ref_ret = gae_reference(o["tot_rewards"], data["values"], m, 1.0, 1.0)
+    torch.testing.assert_close(o["advantages"], ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o["returns"], ref_ret, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- DIS loss vs AReaL's grpo_loss_fn
+
+def loss_inputs(seed, B=5, T=9):
+    g = torch.Generator().manual_seed(seed)
+    behav = -torch.rand(B, T, generator=g) * 2
+    prox = behav + torch.randn(B, T, generator=g) * 0.9  # wide spread: some ratios leave [0.3, 5]
+    mask = torch.rand(B, T, generator=g) > 0.25
+    adv = torch.randn(B, T, generator=g)
+    return behav, prox, mask, adv
+
+
+def areal_loss(logp, behav, prox, mask, adv, rs, decoupled):
+    data = {"logprobs": behav, "advantages": adv, "loss_mask": mask, "prox_logp": prox}
+    return grpo_loss_fn(logp, torch.zeros_like(logp), data, eps_clip=0.2, eps_clip_higher=None, c_clip=None,
+                        rejection_sampling=rs, use_decoupled_loss=decoupled)
+
+
+RS = RejectionSamplingConfig(level="token", action="mask", metric="ratio", lower=0.3, upper=5.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dis_loss_equals_areal_grpo_loss_fn(seed):
+    behav, prox, mask, adv = loss_inputs(seed)
+    # decoupled form, a stale pi_theta (several minibatches): matches AReaL value and gradient
+    logp_a = (prox + 0.05 * torch.randn_like(prox)).requires_grad_(True)
+    logp_o = logp_a.detach().clone().requires_grad_(True)
+    la = areal_loss(logp_a, behav, prox, mask, adv, RS, True)
+    lo, metrics = policy_loss(logp_o, behav, adv, mask, band=(0.3, 5.0), form="decoupled", prox_logp=prox)
+    la.backward()
+    lo.backward()
+    torch.testing.assert_close(lo, la)
+    torch.testing.assert_close(logp_o.grad, logp_a.grad)
+    ratio = torch.exp(prox - behav)
+    dropped = mask & ((ratio < 0.3) | (ratio > 5.0))
+    assert dropped.any(), "the test data must exercise the band"
+    assert torch.all(logp_a.grad[dropped] == 0) and torch.all(logp_o.grad[dropped] == 0)
+    assert torch.all(logp_o.grad[~mask] == 0)
+    assert metrics["dis/kept_frac"] == pytest.approx(1 - float(dropped.sum()) / float(mask.sum()))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_minibatch_decoupled_gradient_is_direct_dis(seed):
+    "ppo_n_minibatches: 1 -> pi_prox = pi_theta at the gradient: AReaL's decoupled loss = the paper's direct DIS."
+    behav, prox, mask, adv = loss_inputs(seed)
+    logp_a = prox.clone().requires_grad_(True)
+    logp_o = prox.clone().requires_grad_(True)
+    areal_loss(logp_a, behav, prox, mask, adv, RS, True).backward()
+    lo, _ = policy_loss(logp_o, behav, adv, mask, band=(0.3, 5.0), form="direct")
+    lo.backward()
+    torch.testing.assert_close(logp_o.grad, logp_a.grad)
+
+
+def test_no_dis_is_ppo_ratio_against_behave():
+    "grpo / running_mean: use_decoupled_loss false, rejection_sampling null = policy_loss(band=None, form='direct')."
+    behav, prox, mask, adv = loss_inputs(11)
+    logp_a = (behav + 0.3 * torch.randn_like(behav)).requires_grad_(True)
+    logp_o = logp_a.detach().clone().requires_grad_(True)
+    la = areal_loss(logp_a, behav, behav, mask, adv, None, False)  # AReaL: prox_logp = behave logp
+    lo, _ = policy_loss(logp_o, behav, adv, mask, band=None, form="direct")
+    la.backward()
+    lo.backward()
+    torch.testing.assert_close(lo, la)
+    torch.testing.assert_close(logp_o.grad, logp_a.grad)
+
+
+def test_decoupled_without_rejection_sampling_drops_behave_weight():
+    "The 1.0.4 trap the configs avoid: with rejection_sampling null the stale-policy weight is gone."
+    behav, prox, mask, adv = loss_inputs(12)
+    logp = prox.clone()
+    trap = areal_loss(logp, behav, prox, mask, adv, None, True)
+    on_policy_ppo = areal_loss(logp, prox, prox, mask, adv, None, True)  # as if behave == prox
+    torch.testing.assert_close(trap, on_policy_ppo)  # behave log-probs play no role at all
+    assert not torch.allclose(trap, areal_loss(logp, behav, prox, mask, adv, RS, True))
+
+
+# ---------------------------------------------------------------- DIS statistics
+
+def test_dis_stats_token_weighted_vs_areal_micro_batch_mean():
+    tr = DistributedStatsTracker()
+    behav = torch.zeros(1, 8)
+    mb1 = (torch.tensor([[math.log(9.0)] + [0.0] * 7]), torch.tensor([[1] + [0] * 7]))  # 1 token, dropped
+    mb2 = (torch.zeros(1, 8), torch.ones(1, 8, dtype=torch.long))  # 8 tokens, all kept
+    fractions = []
+    for prox, mask in (mb1, mb2):
+        log_dis_stats(tr, prox, behav, mask, (0.3, 5.0), ReduceType.AVG)
+        fractions.append(apply_rejection_sampling(prox, behav, mask, None, RS).filtered_fraction)
+    out = tr.export()
+    assert out["dis/masked_above_frac"] == pytest.approx(1 / 9)
+    assert out["dis/kept_frac"] == pytest.approx(8 / 9)
+    assert out["dis/masked_below_frac"] == 0
+    assert sum(fractions) / len(fractions) == pytest.approx(0.5)  # what rs_filtered_fraction averages to
+
+
+def test_actor_logs_dis_under_root_names_inside_areal_scope():
+    from areal.utils import stats_tracker
+    stats_tracker.export()  # reset
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, use_decoupled_loss=True,
+                         rejection_sampling=RS, sao=SAOSection(setting="single_dis"))
+    actor = SAOPPOActor(cfg, engine=None)
+    called = []
+    orig = PPOActor._ppo_update
+    PPOActor._ppo_update = lambda self, data: called.append(True)
+    try:
+        with stats_tracker.scope("ppo_actor"):
+            actor._ppo_update({"prox_logp": torch.tensor([[math.log(0.1), 0.0]]), "logprobs": torch.zeros(1, 2),
+                               "loss_mask": torch.ones(1, 2)})
+    finally:
+        PPOActor._ppo_update = orig
+    out = stats_tracker.export()
+    assert called and out["dis/masked_below_frac"] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- running-mean baseline
+
+def test_reward_norm_matches_running_mean_baseline_single_rank():
+    norm, ref = RunningMeanRewardNorm(), RunningMeanBaseline()
+    for batch in ([1.0, 0.0, 1.0], [0.0], [1.0, 1.0]):
+        x = torch.tensor(batch)
+        torch.testing.assert_close(norm(x), x - ref.mean)
+        ref.update(x)
+    assert norm.mean == pytest.approx(ref.mean)
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    "Both modes of RunningMeanRewardNorm on 2 gloo ranks (one spawn; the worker module is light)."
+    import torch.multiprocessing as mp
+    from _areal_dist_worker import rank_worker
+    d = tmp_path_factory.mktemp("dist")
+    mp.spawn(rank_worker, args=(2, str(d / "init"), str(d / "out")), nprocs=2, join=True)
+    return [torch.load(f"{d / 'out'}.{r}") for r in (0, 1)]
+
+
+@pytest.mark.parametrize("mode", ["exact", "ema"])
+def test_reward_norm_consistent_across_data_parallel_ranks(two_rank_results, mode):
+    r0, r1 = (r[mode] for r in two_rank_results)
+    assert r0["state"] == r1["state"]  # same baseline on every rank
+    ref = RunningMeanBaseline(mode=mode).update(torch.tensor([1.0, 1.0, 1.0, 0.0]))  # step 1 on both ranks: 4 rewards
+    assert r0["outs"][0] == [1.0, 1.0, 1.0] and r1["outs"][0] == [0.0]  # first step: baseline 0
+    assert r0["outs"][1] == pytest.approx([0.0 - ref.mean])
+    assert r1["outs"][1] == pytest.approx([1.0 - ref.mean] * 2)
+    ref.update(torch.tensor([0.0, 1.0, 1.0]))
+    assert r0["state"]["count"] == 7
+    assert RunningMeanRewardNorm(mode=mode).load_state_dict(r0["state"]).mean == pytest.approx(ref.mean)
+
+
+def test_running_mean_state_saved_and_restored_by_engine(tmp_path):
+    from sao_repro.areal.engine import make_engine_class
+
+    class FakeBase:
+        def __init__(self, config): self.config = config
+        def save(self, meta): Path(meta.path, "weights").write_text("w")
+        def load(self, meta): assert Path(meta.path, "weights").exists()
+        def get_version(self): return 0
+
+    E = make_engine_class(FakeBase, "actor", "SAOFakeActor")
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", sao=SAOSection(setting="running_mean"))
+    e = E(cfg)
+    e.actor.reward_norm(torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    e.save(SimpleNamespace(path=str(tmp_path)))
+    e2 = E(cfg)
+    assert e2.actor.reward_norm.mean == 0.0
+    e2.load(SimpleNamespace(path=str(tmp_path)))
+    assert e2.actor.reward_norm.mean == pytest.approx(0.5)
+    assert e2.actor.reward_norm.baseline.count == 4
+
+
+# ---------------------------------------------------------------- warmup, critic passes, trainer wiring
+
+def test_actor_skips_policy_update_during_warmup():
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
+                         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10))
+    version = {"v": 0}
+    actor = SAOPPOActor(cfg, SimpleNamespace(get_version=lambda: version["v"]))
+    calls = []
+    orig = PPOActor.ppo_update
+    PPOActor.ppo_update = lambda self, data: calls.append(version["v"])
+    try:
+        for v in range(12):
+            version["v"] = v
+            actor.ppo_update([{}])
+    finally:
+        PPOActor.ppo_update = orig
+    assert calls == [10, 11]
+
+
+def test_critic_runs_k_passes():
+    from areal.trainer.ppo.critic import PPOCritic
+    from sao_repro.areal.config import SAOCriticConfig
+    cfg = SAOCriticConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
+                          sao=SAOSection(setting="sao", critic_k=3, policy_lambda="adaptive", warmup_steps=10))
+    critic = SAOPPOCritic(cfg, None)
+    calls = []
+    orig = PPOCritic.ppo_update
+    PPOCritic.ppo_update = lambda self, data: calls.append(1)
+    try:
+        critic.ppo_update([{"values": torch.zeros(1, 3), "returns": torch.tensor([[1.0, 0.0, 1.0]]),
+                            "loss_mask": torch.ones(1, 3)}])
+    finally:
+        PPOCritic.ppo_update = orig
+    assert len(calls) == 3
+
+
+def test_trainer_builds_sao_engines_for_actor_and_critic_only(monkeypatch):
+    import sao_repro.areal.trainer as T
+    cfg = load("phase2_hard_sao.yaml")
+    built = []
+
+    class FakeEngine:
+        @classmethod
+        def as_controller(cls, config, scheduler):
+            built.append(config)
+            return SimpleNamespace(create_process_group=lambda parallel_strategy=None: None)
+
+    monkeypatch.setattr(T, "_engine_for", lambda role, alloc: FakeEngine)
+    monkeypatch.setattr(T, "is_single_controller", lambda: True)
+    monkeypatch.setattr(T.PPOTrainer, "_create_train_engine", lambda self, c, a: "areal's own")
+    self = T.SAOPPOTrainer.__new__(T.SAOPPOTrainer)  # no AReaL start-up: only the two factory methods run
+    self.config, self.scheduler = cfg, None
+    alloc = SimpleNamespace(backend="fsdp", parallel=None)
+    T.SAOPPOTrainer._create_train_engine(self, cfg.actor, alloc)
+    T.SAOPPOTrainer._create_critic(self, cfg.critic, alloc)
+    assert [type(c).__name__ for c in built] == ["SAOActorConfig", "SAOCriticConfig"]
+    assert built[0].sao.setting == "sao" and built[0].rejection_sampling.upper == 5.0
+    ref_cfg = copy.deepcopy(cfg.actor)
+    assert T.SAOPPOTrainer._create_train_engine(self, ref_cfg, alloc) == "areal's own"
+
+
+def test_engine_classes_resolve_by_dotted_path_names():
+    import sao_repro.areal.engine as E
+    assert E.engine_class_name("actor", "fsdp") == "SAOFSDPPPOActor"
+    assert set(E.ENGINE_BASES) == {"SAOFSDPPPOActor", "SAOFSDPPPOCritic", "SAOMegatronPPOActor", "SAOMegatronPPOCritic"}
+    with pytest.raises(AttributeError):
+        E.NoSuchEngine
+
+
+def test_actor_keys_table_covers_all_settings():
+    for s in list_settings():
+        keys = areal_actor_keys(get_setting(s))
+        assert keys["use_decoupled_loss"] == (get_setting(s).band is not None)
+
+
+# ---------------------------------------------------------------- the training entry without a GPU
+
+def test_train_module_help_and_print_config():
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "sao_repro.areal.train", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0 and "--config" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "sao_repro.areal.train", "--config", "configs/phase2_hard_grpo.yaml",
+                        "--print-config", "--dotenv", "none", "seed=4"], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import yaml
+    d = yaml.safe_load(r.stdout)
+    assert d["trial_name"] == "grpo_s4" and d["sao"]["setting"] == "grpo"
+
+
+# ---------------------------------------------------------------- patches
+
+def test_patches_apply_to_installed_wheel_or_none_needed():
+    patches = sorted(glob.glob(str(ROOT / "patches" / "*.patch")))
+    readme = ROOT / "patches" / "README.md"
+    assert readme.is_file(), "patches/README.md says which AReaL changes need a patch and why"
+    if not patches:
+        assert "none" in readme.read_text().lower()
+        return
+    import areal
+    site = Path(areal.__file__).resolve().parent.parent
+    for p in patches:
+        assert Path(p).name in readme.read_text(), f"{p} is not explained in patches/README.md"
+        r = subprocess.run(["git", "apply", "--check", "--directory", ".", p], cwd=site, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+def test_math_dataset_and_reward_env_for_the_workers(tmp_path, monkeypatch):
+    import json
+    from sao_repro.areal.train import load_math_dataset, _export_reward_env, PROMPT_SUFFIX
+    f = tmp_path / "train.jsonl"
+    f.write_text(json.dumps({"id": "a", "question": "What is 1+1?", "answer": "so \\boxed{2}\n#### 2"}) + "\n")
+    ds = load_math_dataset(str(f))
+    assert ds[0]["messages"] == [{"role": "user", "content": "What is 1+1?" + PROMPT_SUFFIX}]
+    assert ds[0]["answer"].endswith("#### 2")  # math_reward_fn reads the gold answer from the row
+    with pytest.raises(FileNotFoundError, match="prepare-math"):
+        load_math_dataset(str(tmp_path / "missing.jsonl"))
+    for k in ("SAO_REWARD_BACKEND", "SAO_REWARD_WORKERS", "SAO_REWARD_TIMEOUT_S"):
+        monkeypatch.setenv(k, "x")  # recorded, so the values set below are undone after the test
+    cfg = load("phase2_hard_sao.yaml", "reward.workers=7")
+    env = _export_reward_env(cfg)
+    assert env == {"SAO_REWARD_BACKEND": "ray", "SAO_REWARD_WORKERS": "7", "SAO_REWARD_TIMEOUT_S": "5.0"}
+    assert all(spec.env_vars["SAO_REWARD_WORKERS"] == "7" for spec in cfg.rollout.scheduling_spec)
+    assert cfg.sao.reward_fn == "sao_repro.reward.math_reward_fn"

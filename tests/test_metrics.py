@@ -1,0 +1,401 @@
+"""sao_repro.metrics: metrics.jsonl and AReaL 1.0.4 log parsing (garbage included), flags, windows."""
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import sao_repro.metrics as M
+from sao_repro.metrics import (COLUMNS, RunReader, collect_metrics, run_flags, scan_runs, smooth, summarize_runs,
+                               summarize_settings, window)
+
+AREAL_FIXTURE = Path(__file__).resolve().parent / "data" / "areal_1.0.4"
+
+
+def run_dir(root, setting="sao", seed=0, backend="mini"):
+    d = Path(root) / backend / setting / f"seed{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def jl(**kw):
+    return (json.dumps(kw) + "\n").encode()
+
+
+def events(d, *names):
+    with open(d / "events.log", "a") as f:
+        for i, n in enumerate(names):
+            f.write(f"2026-11-29T16:00:{i:02d}\t{n}\t{{}}\n")
+
+
+def flags_of(path, **kw):
+    return {r["run"]: r["flags"] for r in scan_runs(path, **kw)}
+
+
+# ---------------------------------------------------------------- metrics.jsonl
+
+def test_jsonl_tidy_frame_and_garbage(tmp_path):
+    d = run_dir(tmp_path, "grpo_dis", 3)
+    (d / "metrics.jsonl").write_bytes(
+        jl(step=1, acc=0.5, **{"reward/mean": 0.5, "dis/kept_frac": 0.9, "brand_new/key": 7})
+        + b"\n"                                   # blank line: ignored, not counted
+        + b"\x00\xff\xfe binary \x89PNG\n"        # binary junk
+        + b"{not json at all\n"                   # garbled
+        + b"[1, 2, 3]\n"                          # JSON, but not an object
+        + b'{"acc": 0.9}\n'                       # no step
+        + jl(step=2, correct=3, incorrect=1, note="text value", nested={"a": 1})
+        + b'{"step": 3, "acc": NaN, "actor/loss": Infinity}\r\n'
+        + b'{"step": 4, "acc": 0.7')              # truncated last line (writer died mid-line)
+    df = collect_metrics(tmp_path)
+    assert list(df.columns) == COLUMNS
+    assert set(df.run) == {"mini/grpo_dis/seed3"} and set(df.setting) == {"grpo_dis"} and set(df.seed) == {3}
+    acc = df[df.metric == "acc"].set_index("step").value
+    assert acc[1] == 0.5 and acc[2] == 0.75 and math.isnan(acc[3])
+    assert 4 not in acc.index
+    assert df[(df.metric == "brand_new/key")].value.tolist() == [7.0]       # unknown keys are kept
+    assert df[(df.metric == "nested/a")].value.tolist() == [1.0]
+    assert df[df.metric == "dis/masked_frac"].value.round(6).tolist() == [0.1]
+    skipped = df.attrs["skipped"]["mini/grpo_dis/seed3"]
+    assert skipped == {"garbled": 2, "no_step": 2, "non_numeric": 1, "truncated": 1, "too_long": 0}
+    assert df.dtypes["value"] == "float64" and df.dtypes["step"] == "int64"
+
+
+def test_empty_and_missing(tmp_path):
+    d = run_dir(tmp_path)
+    (d / "metrics.jsonl").write_bytes(b"")
+    df = collect_metrics(tmp_path)
+    assert df.empty and list(df.columns) == COLUMNS
+    assert df.attrs["runs"][0]["last_step"] is None
+    assert collect_metrics(tmp_path / "does-not-exist").empty
+    assert summarize_runs(df).empty
+
+
+def test_overlong_line_is_skipped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(M, "CHUNK", 1000)
+    d = run_dir(tmp_path)
+    big = b'{"step": 2, "junk": "' + b"x" * 5000 + b'"}\n'
+    (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.1) + big + b"y" * 7000 + b"\n" + jl(step=3, acc=0.3))
+    r = RunReader(d, "r")
+    r.tails[d / "metrics.jsonl"] = M.LineTail(d / "metrics.jsonl", max_line=2000)
+    r.update(final=True)
+    assert sorted(r.steps) == [1, 3]
+    assert r.skipped["too_long"] == 2
+
+
+def test_streams_in_chunks_without_loading_the_file(tmp_path, monkeypatch):
+    d = run_dir(tmp_path)
+    lines = b"".join(jl(step=i, acc=i / 1000, **{"reward/mean": 0.5}) for i in range(3000))
+    (d / "metrics.jsonl").write_bytes(lines)
+    monkeypatch.setattr(M, "CHUNK", 97)   # lines straddle every chunk boundary
+    real_read_bytes, real_read_text = Path.read_bytes, Path.read_text
+
+    def guard(fn):
+        def wrapped(self, *a, **k):
+            assert self.name != "metrics.jsonl", "metrics.jsonl must be streamed, not read whole"
+            return fn(self, *a, **k)
+        return wrapped
+    monkeypatch.setattr(Path, "read_bytes", guard(real_read_bytes))
+    monkeypatch.setattr(Path, "read_text", guard(real_read_text))
+    df = collect_metrics(tmp_path)
+    acc = df[df.metric == "acc"]
+    assert len(acc) == 3000 and acc.value.iloc[-1] == pytest.approx(2.999)
+    assert df.attrs["skipped"]["mini/sao/seed0"] == {"too_long": 0}
+
+
+def test_incremental_reads_only_what_was_appended(tmp_path):
+    d = run_dir(tmp_path)
+    p = d / "metrics.jsonl"
+    p.write_bytes(jl(step=1, acc=0.1) + b'{"step": 2, "ac')
+    r = RunReader(d, "r")
+    assert r.update() is True and sorted(r.steps) == [1]
+    assert r.skipped["truncated"] == 0                    # pending, not garbage: the writer is mid-line
+    with open(p, "ab") as f:
+        f.write(b'c": 0.2}\n')
+    assert r.update() is True and r.steps[2]["acc"] == 0.2
+    assert r.update() is False
+    p.write_bytes(jl(step=1, acc=0.9))                    # file replaced by a shorter one: start over
+    r.update()
+    assert r.steps[1]["acc"] == 0.9
+
+
+def test_identity_from_config_then_path(tmp_path):
+    d = run_dir(tmp_path, "running_mean", 4)
+    (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.1))
+    assert set(collect_metrics(tmp_path).setting) == {"running_mean"}
+    (d / "config.json").write_text(json.dumps({"setting": "single_dis", "seed": 9, "backend": "mini"}))
+    df = collect_metrics(tmp_path)
+    assert set(df.setting) == {"single_dis"} and set(df.seed) == {9}
+    (d / "config.json").write_text("{garbage")
+    assert set(collect_metrics(d).setting) == {"running_mean"}
+    assert set(collect_metrics(d).run) == {"mini/running_mean/seed4"}   # the run folder itself
+
+
+# ---------------------------------------------------------------- AReaL logs
+
+def test_areal_fixture_made_by_areal_code(tmp_path):
+    """tests/data/areal_1.0.4 was written by AReaL 1.0.4's own logging + tabulate_stats (make_fixture.py)."""
+    d = tmp_path / "logs" / "root" / "sao-math" / "trial-seed1"
+    d.mkdir(parents=True)
+    shutil.copy(AREAL_FIXTURE / "main.log", d)
+    df = collect_metrics(tmp_path / "logs")
+    assert set(df.run) == {"root/sao-math/trial-seed1"} and set(df.setting) == {"sao"} and set(df.seed) == {1}
+    w = df.pivot_table(index="step", columns="metric", values="value", dropna=False)
+    assert list(w.index) == [1, 2, 3]
+    assert w["acc"].tolist() == pytest.approx([20 / 64, 25 / 64, 30 / 64])
+    assert w["reward/mean"].tolist() == pytest.approx([0.3125, 0.39062, 0.46875])
+    assert w["dis/kept_frac"].tolist() == pytest.approx([0.95] * 3)
+    assert w["rollout/policy_lag"].tolist() == pytest.approx([1.5] * 3)
+    assert w["rollout/resp_len"].tolist() == pytest.approx([200, 201, 202])
+    assert w["actor/grad_norm"].tolist() == pytest.approx([0.5, 1.5, 2.5])
+    assert math.isnan(w.loc[3, "actor/loss"])
+    assert w.loc[1, "areal/timeperf/train_step"] == 12.5          # raw keys are kept under areal/
+    info = df.attrs["runs"][0]
+    assert info["flags"]["finished"] and info["flags"]["nan"] and not info["flags"]["crashed"]
+    assert info["skipped"] == {"too_long": 0}
+
+
+def test_areal_merged_log_alone_and_both(tmp_path):
+    a = tmp_path / "merged_only"
+    a.mkdir()
+    shutil.copy(AREAL_FIXTURE / "merged.log", a)
+    b = tmp_path / "both"
+    b.mkdir()
+    shutil.copy(AREAL_FIXTURE / "merged.log", b)
+    shutil.copy(AREAL_FIXTURE / "main.log", b)
+    df = collect_metrics(tmp_path)
+    acc = df[df.metric == "acc"].pivot_table(index="step", columns="run", values="value")
+    assert acc["merged_only"].tolist() == pytest.approx([20 / 64, 25 / 64, 30 / 64])
+    assert acc["both"].tolist() == acc["merged_only"].tolist()
+    assert (df.groupby(["run", "step", "metric"]).size() == 1).all()
+
+
+def areal_table(rows):
+    width = max(len(k) for k, _ in rows)
+    out = ["╒" + "═" * (width + 2) + "╤" + "═" * 12 + "╕"]
+    for k, v in rows:
+        out.append(f"│ {k.ljust(width)} │ {v:>10} │")
+        out.append("├" + "─" * (width + 2) + "┼" + "─" * 12 + "┤")
+    out[-1] = "╘" + "═" * (width + 2) + "╧" + "═" * 12 + "╛"
+    return "\n".join(out)
+
+
+def areal_step(n, total, stats, t="16:00:00"):
+    head = f"\x1b[92m(AReaL) 20261129-{t}.000 StatsLogger INFO: "
+    return (f"{head}Epoch 1/1 Step {n}/{total} Train step {n}/{total} done.\x1b[0m\n"
+            f"{head}Stats (1/1):\x1b[0m\n{head}\n" + areal_table(stats) + "\x1b[0m\n")
+
+
+def test_areal_crafted_garbage(tmp_path):
+    d = tmp_path / "trial"
+    d.mkdir()
+    text = (areal_table([("ppo_actor/correct_n_seqs", "1.0000e+00")]) + "\n"          # a table before any step: 1
+            + areal_step(1, 10, [("ppo_actor/correct_n_seqs", "4.8000e+01"), ("ppo_actor/incorrect_n_seqs", "1.6000e+01"),
+                                 ("sao/some_new_stat", "3.0000e+00"), ("ppo_actor/update/dis/kept_frac/avg", "9.0000e-01"),
+                                 ("ppo_actor/update/rs_filtered_fraction", "5.0000e-01"), ("bad/value", "abc")])
+            + "<BIN> noise from a worker <BIN>\n"
+            + areal_step(2, 10, [("ppo_actor/correct_n_seqs", "3.2000e+01"), ("ppo_actor/incorrect_n_seqs", "3.2000e+01")],
+                         t="16:00:30")
+            + areal_step(3, 10, [("ppo_actor/correct_n_seqs", "1.6000e+01"), ("ppo_actor/incorrect_n_seqs", "4.8000e+01")])
+            .rsplit("\n", 2)[0] + "\n│ ppo_actor/task_reward/avg  │ 2.5")         # cut mid-table, mid-row
+    (d / "main.log").write_bytes(text.encode().replace(b"<BIN>", b"\x00\xff\xfe\x89"))
+    df = collect_metrics(d)
+    w = df.pivot_table(index="step", columns="metric", values="value")
+    assert w["acc"].tolist() == pytest.approx([0.75, 0.5, 0.25])
+    assert w.loc[1, "dis/kept_frac"] == pytest.approx(0.9)           # the SAO subclass's own stat wins
+    assert w.loc[1, "areal/sao/some_new_stat"] == 3.0
+    assert w.loc[2, "perf/step_s"] == pytest.approx(30.0)
+    sk = df.attrs["skipped"]["trial"]
+    assert sk["bad_value"] == 1 and sk["bad_row"] == 1 and sk["truncated"] == 1 and "no_step" not in sk
+    assert "ppo_actor/task_reward/avg" not in " ".join(df.metric)       # half-written row never used
+    info = df.attrs["runs"][0]
+    assert info["last_step"] == 3 and not info["flags"]["finished"]
+
+
+def test_areal_log_with_another_name_and_no_step_lines(tmp_path):
+    d = tmp_path / "logs" / "grpo_dis-seed2"
+    d.mkdir(parents=True)
+    head = "(AReaL) 20261129-16:00:00.000 StatsLogger INFO: "
+    tables = "".join(f"{head}Stats (1/1):\n{head}\n" + areal_table([("ppo_actor/correct_n_seqs", f"{c}.0000e+00"),
+                                                                    ("ppo_actor/incorrect_n_seqs", f"{8 - c}.0000e+00")]) + "\n"
+                     for c in (2, 4, 6))
+    (d / "trainer.out").write_text("launching...\n" + tables)
+    (tmp_path / "logs" / "README.txt").write_text("not a run\n")
+    df = collect_metrics(tmp_path / "logs")
+    assert set(df.run) == {"grpo_dis-seed2"} and set(df.setting) == {"grpo_dis"} and set(df.seed) == {2}
+    assert df[df.metric == "acc"].set_index("step").value.to_dict() == {1: 0.25, 2: 0.5, 3: 0.75}
+
+
+def test_areal_finished_by_step_count(tmp_path):
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "main.log").write_text(areal_step(1, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")])
+                                + areal_step(2, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")]))
+    assert flags_of(d)["t"]["finished"]
+
+
+# ---------------------------------------------------------------- health flags
+
+def healthy(root, setting="sao", n=5):
+    d = run_dir(root, setting)
+    (d / "metrics.jsonl").write_bytes(b"".join(jl(step=i, acc=0.5, **{"actor/loss": 0.1}) for i in range(n)))
+    events(d, "start")
+    return d
+
+
+def test_healthy_run_has_no_flags(tmp_path):
+    healthy(tmp_path)
+    f = flags_of(tmp_path)["mini/sao/seed0"]
+    assert {k: v for k, v in f.items() if k != "reward_timeout_rate"} == {
+        "oom": False, "nan": False, "stalled": False, "finished": False, "crashed": False}
+    assert f["reward_timeout_rate"] is None
+
+
+@pytest.mark.parametrize("line", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.15 GiB total capacity)",
+    "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+    "[12345.678] Out of memory: Killed process 4242 (python) total-vm:123kB",
+    "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=123.0. Some of your processes may have been killed",
+    "Killed",
+    "MemoryError",
+])
+def test_oom_flag(tmp_path, line):
+    d = healthy(tmp_path)
+    (d / "stderr.log").write_text(f"step 4 ok\n{line}\n")
+    f = flags_of(tmp_path)["mini/sao/seed0"]
+    assert f["oom"] and not f["nan"]
+
+
+def test_no_false_oom(tmp_path):
+    d = healthy(tmp_path)
+    (d / "stderr.log").write_text("step 1: memory 3.2 GiB\nkilled 3 zombie workers and restarted them\n")
+    assert not flags_of(tmp_path)["mini/sao/seed0"]["oom"]
+
+
+def test_nan_flag_three_ways(tmp_path):
+    a = healthy(tmp_path, "sao")
+    with open(a / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 9, "actor/loss": NaN}\n')
+    b = healthy(tmp_path, "grpo")
+    events(b, "nan")
+    c = healthy(tmp_path, "grpo_dis")
+    (c / "train.log").write_text("step 3\nWARNING: NaN detected in advantages, skipping batch\nstep 4\n")
+    d = healthy(tmp_path, "single_dis")
+    with open(d / "metrics.jsonl", "ab") as f:               # NaN in a metric that may be NaN: not a flag
+        f.write(b'{"step": 9, "critic/explained_var": NaN, "eval/acc": NaN}\n')
+    f = flags_of(tmp_path)
+    assert f["mini/sao/seed0"]["nan"] and f["mini/grpo/seed0"]["nan"] and f["mini/grpo_dis/seed0"]["nan"]
+    assert not f["mini/single_dis/seed0"]["nan"]
+
+
+def test_finished_and_stalled(tmp_path):
+    d = healthy(tmp_path)
+    old = time.time() - 3600
+    for p in d.iterdir():
+        os.utime(p, (old, old))
+    assert flags_of(tmp_path, stall_minutes=30)["mini/sao/seed0"]["stalled"]
+    assert not flags_of(tmp_path, stall_minutes=90)["mini/sao/seed0"]["stalled"]
+    assert not flags_of(tmp_path, stall_minutes=30, now=old + 60)["mini/sao/seed0"]["stalled"]
+    events(d, "finish")
+    os.utime(d / "events.log", (old, old))
+    f = flags_of(tmp_path, stall_minutes=30)["mini/sao/seed0"]
+    assert f["finished"] and not f["stalled"] and not f["crashed"]
+
+
+def test_crashed_only_when_the_traceback_is_at_the_end(tmp_path):
+    d = healthy(tmp_path)
+    tb = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\nRuntimeError: boom\n'
+    (d / "train.log").write_text("step 1\n" + tb + "step 2\nstep 3\n")     # handled, training went on
+    assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
+    (d / "train.log").write_text("step 1\nstep 2\n" + tb)
+    assert flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
+    (d / "train.log").write_text("step 1\n" + tb + "".join(f"worker chatter {i}\n" for i in range(80)))
+    assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
+
+
+def test_null_is_a_nan_value(tmp_path):
+    d = healthy(tmp_path)
+    with open(d / "metrics.jsonl", "ab") as f:   # the testbed writes non-finite numbers as null
+        f.write(b'{"step": 9, "actor/loss": null, "critic/explained_var": null}\n')
+    df = collect_metrics(tmp_path)
+    assert df[(df.step == 9)].value.isna().all() and len(df[df.step == 9]) == 2
+    assert df.attrs["runs"][0]["flags"]["nan"] and df.attrs["skipped"]["mini/sao/seed0"] == {"too_long": 0}
+
+
+def test_crashed_by_error_event_unless_finished(tmp_path):
+    d = healthy(tmp_path)
+    events(d, "error")
+    assert flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
+    events(d, "resume", "checkpoint")                           # resumed after the error
+    assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
+    events(d, "finish")
+    assert flags_of(tmp_path)["mini/sao/seed0"]["finished"]
+
+
+def test_reward_timeout_rate(tmp_path):
+    d = tmp_path / "areal_run"
+    d.mkdir()
+    (d / "main.log").write_text(areal_step(1, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"),
+                                                  ("ppo_actor/incorrect_n_seqs", "3.4000e+01")]) +
+                                areal_step(2, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"),
+                                                  ("ppo_actor/incorrect_n_seqs", "3.4000e+01")]))
+    (d / "merged.log").write_text(
+        "[rollout] (AReaL) 20261129-16:00:00.000 RewardAPI WARNING: Computing reward timeout after 15s (attempt 1/3). Retrying...\n"
+        "[rollout] (AReaL) 20261129-16:00:01.000 RewardAPI WARNING: Computing reward timeout after 15s (attempt 3/3). Returning 0.\n"
+        "[rollout] (AReaL) 20261129-16:00:02.000 MathVerify WARNING: Timeout (5.0s) in MathVerifyWorker.verify for response='x'\n")
+    info = scan_runs(d)[0]
+    assert info["reward_timeouts"] == 2
+    assert info["flags"]["reward_timeout_rate"] == pytest.approx(2 / 128)
+    t = run_dir(tmp_path / "tb")
+    (t / "metrics.jsonl").write_bytes(jl(step=1, **{"reward/timeout_frac": 0.1}) + jl(step=2, **{"reward/timeout_frac": 0.3}))
+    assert scan_runs(tmp_path / "tb")[0]["flags"]["reward_timeout_rate"] == pytest.approx(0.2)
+    c = run_dir(tmp_path / "pool")                   # the reward pools' cumulative counters
+    (c / "metrics.jsonl").write_bytes(b"".join(jl(step=i, **{"reward/timeouts": i, "reward/done": 64 * i, "acc": 0.5})
+                                               for i in range(1, 5)))
+    assert scan_runs(tmp_path / "pool")[0]["flags"]["reward_timeout_rate"] == pytest.approx(4 / 256)
+
+
+def test_run_flags_single_folder(tmp_path):
+    d = healthy(tmp_path)
+    events(d, "finish")
+    assert run_flags(d)["finished"]
+
+
+# ---------------------------------------------------------------- windows and summaries
+
+def study(root):
+    for setting, seeds in (("sao", (0, 1)), ("grpo", (0,))):
+        for s in seeds:
+            d = run_dir(root, setting, s)
+            lines = [jl(step=i, acc=(0.2 if i < 100 else 0.6) + 0.1 * s, **{"reward/mean": 1.0}) for i in range(1, 201)]
+            (d / "metrics.jsonl").write_bytes(b"".join(lines))
+
+
+def test_summaries_for_the_report(tmp_path):
+    study(tmp_path)
+    df = collect_metrics(tmp_path)
+    s = summarize_runs(df, start_steps=50, end_steps=50).set_index("run")
+    assert s.loc["mini/sao/seed1", "start_acc"] == pytest.approx(0.3)
+    assert s.loc["mini/sao/seed1", "end_acc"] == pytest.approx(0.7)
+    assert s.loc["mini/grpo/seed0", "delta_acc"] == pytest.approx(0.4)
+    assert (s.first_step == 1).all() and (s.last_step == 200).all() and (s.n_steps == 200).all()
+    by = summarize_settings(s.reset_index()).set_index("setting")
+    assert by.loc["sao", "n_seeds"] == 2 and by.loc["sao", "end_acc_mean"] == pytest.approx(0.65)
+    st = window(df[df.metric == "acc"], "start", 50)
+    assert st.groupby("run").step.max().tolist() == [50, 50, 50]
+    en = window(df[df.metric == "acc"], "end", 50)
+    assert en.groupby("run").step.min().tolist() == [151, 151, 151]
+
+
+def test_smoothing(tmp_path):
+    df = pd.DataFrame({"run": "r", "setting": "sao", "seed": 0, "step": [3, 1, 2, 4], "metric": "acc",
+                       "value": [1.0, 0.0, 0.0, 1.0]})
+    r = smooth(df, window=2)
+    assert r.step.tolist() == [1, 2, 3, 4] and r.value.tolist() == [0.0, 0.0, 0.5, 1.0]
+    e = smooth(df, window=3, method="ema")                   # alpha = 2 / (3 + 1) = 0.5, adjusted weights
+    assert e.value.iloc[0] == 0.0 and 0.5 < e.value.iloc[2] < 1.0
+    with pytest.raises(ValueError, match="rolling"):
+        smooth(df, method="median")

@@ -1,0 +1,232 @@
+"""CPU testbed (sao_repro.mini): task, smoke runs of every setting, exact resume, NaN stop, papermill, CLI errors."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sao_repro.settings import list_settings
+from sao_repro.mini.task import TaskConfig, answer_reward, eval_problems, sample_problems
+from sao_repro.mini.train import MiniRunConfig, NonFiniteError, checkpoints, read_metrics, train_run
+from sao_repro.mini.cli import compare_main, make_config, run_main, run_setting
+
+CONTRACT_KEYS = ["step", "acc", "reward/mean", "dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac",
+                 "adv/mean", "adv/std", "actor/loss", "actor/grad_norm", "rollout/policy_lag", "rollout/resp_len",
+                 "perf/step_s"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smoke_cache(tmp_path_factory):
+    "One warm-start cache for the whole session (the smoke preset builds in seconds)."
+    old = os.environ.get("SAO_REPRO_CACHE")
+    os.environ["SAO_REPRO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("SAO_REPRO_CACHE", None)
+    else:
+        os.environ["SAO_REPRO_CACHE"] = old
+
+
+def smoke_cfg(setting, out, **kw):
+    return make_config(setting, seed=kw.pop("seed", 0), steps=kw.pop("steps", 4), out_dir=str(out), smoke=False,
+                       overrides={"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32,
+                                  "eval_every": 3, "ckpt_every": 3, **kw})
+
+
+def strip_perf(ms):
+    return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]
+
+
+# ---------------------------------------------------------------- task
+def test_task_schema_split_and_reward():
+    cfg = TaskConfig(difficulty=3, ops="+-")
+    tr = sample_problems(cfg, 300, "train", np.random.default_rng(5))
+    assert tr == sample_problems(cfg, 300, "train", np.random.default_rng(5))
+    ev = eval_problems(cfg)
+    assert len(ev) == cfg.n_eval
+    assert not {p["problem"] for p in tr} & {p["problem"] for p in ev}
+    for p in tr[:20]:
+        assert set(p) == {"problem", "solution", "level", "type"}
+        assert p["level"] == "Level 3"
+        gold = p["solution"].rsplit("\\boxed{", 1)[1].split("}")[0]
+        assert answer_reward(gold, p["solution"]) == 1.0
+        assert answer_reward(str(int(gold) + 1), p["solution"]) == 0.0
+
+
+# ---------------------------------------------------------------- smoke run of every setting
+@pytest.mark.parametrize("setting", list_settings())
+def test_smoke_run_every_setting(setting, tmp_path):
+    steps = 13 if setting == "sao" else 4  # sao: 10 critic-only warmup steps first
+    cfg = smoke_cfg(setting, tmp_path, steps=steps)
+    before = {k: v.clone() for k, v in torch.load(_start_weights(cfg), weights_only=True).items()}
+    d = train_run(cfg, log=None)
+    assert d == tmp_path / "mini" / setting / "seed0"
+    ms = read_metrics(d)
+    assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    for m in ms:
+        for k in CONTRACT_KEYS:
+            assert k in m, (setting, k)
+        assert 0.0 <= m["acc"] <= 1.0
+        assert m["rollout/policy_lag"] == min(3, m["step"] - 1)
+    assert any("eval/acc" in m for m in ms)
+    if setting == "sao":
+        assert all("critic/value_loss" in m and "critic/explained_var" in m for m in ms)
+        assert [m["actor/updated"] for m in ms] == [0] * 10 + [1] * 3
+    # the policy moved away from the shared warm start
+    after = torch.load(checkpoints(d)[-1], weights_only=False)["policy"]
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    events = [l.split("\t")[1] for l in (d / "events.log").read_text().splitlines()]
+    assert events[0] == "start" and events[-1] == "finish" and "checkpoint" in events
+    conf = json.loads((d / "config.json").read_text())
+    assert (conf["setting"], conf["seed"], conf["backend"]) == (setting, 0, "mini")
+
+
+def _start_weights(cfg):
+    from sao_repro.mini.model import cache_root, start_key, warm_start
+    warm_start(cfg.task(), cfg.model(), cfg.pretrain(), log=None)
+    return cache_root() / "mini" / start_key(cfg.task(), cfg.model(), cfg.pretrain()) / "start.pt"
+
+
+def test_equal_trajectories_per_step(tmp_path):
+    for s in ("grpo", "single_dis"):
+        d = train_run(smoke_cfg(s, tmp_path, steps=1), log=None)
+        m = read_metrics(d)[0]
+        assert m["rollout/n_correct"] + m["rollout/n_incorrect"] == 16
+
+
+# ---------------------------------------------------------------- resume equivalence and NaN stop
+@pytest.mark.parametrize("setting", ["sao", "running_mean", "grpo_dis"])
+def test_resume_after_crash_is_exact(setting, tmp_path):
+    steps = 14
+    nan_step = 12 if setting == "sao" else 9  # sao's policy updates start after 10 critic-only steps
+    full = train_run(smoke_cfg(setting, tmp_path / "a", steps=steps, lag_mode="random"), log=None)
+    # the same run, killed by a NaN: the last checkpoint before it is kept, later metrics were written
+    crash = smoke_cfg(setting, tmp_path / "b", steps=steps, lag_mode="random", debug_nan_step=nan_step)
+    with pytest.raises(NonFiniteError):
+        train_run(crash, log=None)
+    d = crash.run_dir()
+    assert [m["step"] for m in read_metrics(d)][-1] == nan_step - 1
+    assert checkpoints(d)[-1].name == f"step_{3 * ((nan_step - 1) // 3):06d}.pt"
+    train_run(smoke_cfg(setting, tmp_path / "b", steps=steps, lag_mode="random"), resume=True, log=None)
+    a, b = read_metrics(full), read_metrics(d)
+    assert [m["step"] for m in b] == list(range(1, steps + 1))  # nothing lost or repeated
+    assert strip_perf(a) == strip_perf(b)  # bit-for-bit the same metrics
+    pa = torch.load(checkpoints(full)[-1], weights_only=False)
+    pb = torch.load(checkpoints(d)[-1], weights_only=False)
+    assert all(torch.equal(pa["policy"][k], pb["policy"][k]) for k in pa["policy"])
+    events = [l.split("\t")[1] for l in (d / "events.log").read_text().splitlines()]
+    assert "nan" in events and "resume" in events and events[-1] == "finish"
+
+
+def test_resume_with_more_steps_is_exact(tmp_path):
+    "A finished 5-step run resumed to 10 steps equals an uninterrupted 10-step run."
+    full = train_run(smoke_cfg("single_dis", tmp_path / "a", steps=10), log=None)
+    part = train_run(smoke_cfg("single_dis", tmp_path / "b", steps=5), log=None)
+    assert "eval/acc" in read_metrics(part)[-1]  # the last step of a run is evaluated
+    train_run(smoke_cfg("single_dis", tmp_path / "b", steps=10), resume=True, log=None)
+    assert strip_perf(read_metrics(full)) == strip_perf(read_metrics(part))
+    assert json.loads((part / "config.json").read_text())["steps"] == 10
+
+
+def test_cli_nan_exit_code_and_resume(tmp_path, capsys):
+    args = ["--setting", "grpo", "--out", str(tmp_path), "--steps", "6", "--smoke", "--ckpt-every", "2",
+            "--eval-every", "2"]
+    # --smoke caps steps at 4; the NaN at step 3 stops the run before anything of step 3 is applied
+    assert run_main(args + ["--debug-nan-step", "3"]) == 3
+    d = tmp_path / "mini" / "grpo" / "seed0"
+    assert "non-finite" in capsys.readouterr().err
+    assert [p.name for p in checkpoints(d)] == ["step_000002.pt"]
+    assert [m["step"] for m in read_metrics(d)] == [1, 2]
+    nan = [l for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "nan"]
+    assert len(nan) == 1 and json.loads(nan[0].split("\t")[2])["last_checkpoint"] == "step_000002.pt"
+    assert run_main(args + ["--resume"]) == 0
+    assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------- CLI errors
+@pytest.mark.parametrize("argv", [["--setting", "ppo"], ["--setting", "sao", "--backend", "gpu"]])
+def test_run_unknown_names_list_valid_ones(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err
+    assert ("single_dis" in err) if "ppo" in argv else ("mini" in err and "areal" in err)
+
+
+def test_compare_unknown_setting(capsys):
+    with pytest.raises(SystemExit) as e:
+        compare_main(["--settings", "sao", "ppo"])
+    assert e.value.code == 2
+    assert "running_mean" in capsys.readouterr().err
+
+
+def test_python_api_errors_list_names():
+    with pytest.raises(ValueError, match="valid settings: sao, grpo"):
+        run_setting("ppo")
+    with pytest.raises(ValueError, match="valid backends: mini, areal"):
+        run_setting("sao", backend="gpu")
+    with pytest.raises(ValueError, match="unknown run option"):
+        make_config("sao", overrides={"lgs": 1})
+
+
+def test_areal_backend_goes_through_the_launcher(tmp_path, capsys, monkeypatch):
+    try:
+        import sao_repro.launch as launch
+    except ImportError:  # without the cluster launcher: a clear error naming it
+        assert run_main(["--setting", "sao", "--backend", "areal", "--out", str(tmp_path)]) == 1
+        assert "sao_repro.launch" in capsys.readouterr().err
+        return
+    calls = []
+
+    def fake(setting, seed=1, steps=None, out_dir=None, dry_run=False, extra_overrides=(), **kw):
+        calls.append((setting, seed, steps, out_dir, dry_run, list(extra_overrides)))
+        run_dir = Path(out_dir) / "areal" / setting / f"seed{seed}"
+        return {"status": "dry-run" if dry_run else "failed", "returncode": 0 if dry_run else 1, "run_dir": str(run_dir)}
+
+    monkeypatch.setattr(launch, "launch_setting", fake)
+    d = run_setting("grpo", seed=2, steps=7, backend="areal", out_dir=str(tmp_path),
+                    overrides={"dry_run": True, "extra_overrides": ["a=1"]})
+    assert d == tmp_path / "areal" / "grpo" / "seed2"
+    assert calls == [("grpo", 2, 7, str(tmp_path), True, ["a=1"])]
+    assert run_main(["--setting", "sao", "--backend", "areal", "--out", str(tmp_path)]) == 1  # a failed launch
+    assert "cluster run failed" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="dry_run, extra_overrides"):
+        run_setting("sao", backend="areal", overrides={"lag": 2})
+
+
+# ---------------------------------------------------------------- papermill
+def test_compare_papermill_smoke(tmp_path, capsys):
+    "compare executes run_setting.ipynb per run, keeps it, goes on after a failure and prints the summary."
+    # 12 trajectories per step is not a multiple of grpo's group size 8: that run fails, running_mean goes on
+    rc = compare_main(["--settings", "grpo", "running_mean", "--seeds", "1", "--smoke", "--out", str(tmp_path),
+                       "--traj-per-step", "12", "--jobs", "2"])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "failed: grpo seed0" in out.err
+    ok = tmp_path / "mini" / "running_mean" / "seed0"
+    nb = json.loads((ok / "run_setting.ipynb").read_text())
+    src = "".join("".join(c["source"]) for c in nb["cells"])
+    assert "smoke = True" in src and 'setting = "running_mean"' in src  # papermill's injected parameters
+    assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))  # the curves
+    assert [m["step"] for m in read_metrics(ok)] == [1, 2, 3, 4]
+    assert (tmp_path / "mini" / "grpo" / "seed0" / "run_setting.ipynb").exists()  # the failed one is kept too
+    assert "| running_mean | 1 |" in out.out and "| grpo | 0 |" in out.out
+    assert (tmp_path / "mini" / "summary.md").exists()
+
+
+def test_run_setting_notebook_smoke(tmp_path):
+    "The run notebook itself, executed by papermill with smoke=True, trains and draws its curves."
+    import papermill as pm
+    from sao_repro.mini.cli import _kernel_can_import_package, find_run_notebook
+    _kernel_can_import_package()
+    out_nb = tmp_path / "executed.ipynb"
+    pm.execute_notebook(str(find_run_notebook()), str(out_nb), kernel_name="python3", progress_bar=False,
+                        parameters={"setting": "grpo_dis", "seed": 3, "smoke": True, "out_dir": str(tmp_path)})
+    d = tmp_path / "mini" / "grpo_dis" / "seed3"
+    assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
+    assert json.loads((d / "config.json").read_text())["preset"] == "smoke"
+    nb = json.loads(out_nb.read_text())
+    assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))

@@ -1,0 +1,254 @@
+"""sao_repro.monitor: the JSON API, live updates, the CLI and the security rules."""
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sao_repro.monitor import CSS, JS, KEY_ENV, monitor_main, make_server, render_page, serve_in_thread
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "k3y-for-tests-0123456789abcdef"
+
+
+def write_run(root, setting="sao", seed=0, steps=3, extra=b""):
+    d = Path(root) / "mini" / setting / f"seed{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    lines = b"".join((json.dumps({"step": i, "acc": i / 10, "reward/mean": i / 10, "dis/kept_frac": 0.9}) + "\n").encode()
+                     for i in range(1, steps + 1))
+    (d / "metrics.jsonl").write_bytes(lines + extra)
+    (d / "events.log").write_text("2026-11-29T16:00:00\tstart\t{}\n")
+    return d
+
+
+def request(srv, path, method="GET", headers=None, host=None):
+    """Raw request (http.client sends the path as given: no `..` normalization)."""
+    h, port = srv.server_address[:2]
+    c = http.client.HTTPConnection("127.0.0.1" if h in ("0.0.0.0", "127.0.0.1") else h, port, timeout=10)
+    hdrs = dict(headers or {})
+    if host is not None:
+        hdrs["Host"] = host
+    c.request(method, path, headers=hdrs, body=b"" if method == "POST" else None)
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return r.status, body, dict(r.getheaders())
+
+
+def strict_json(body):
+    def bad(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+    return json.loads(body, parse_constant=bad)
+
+
+@pytest.fixture
+def logs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, "sao", 0, extra=b'{"step": 4, "acc": NaN}\n{"step": 5, "ac')
+    write_run(root, "grpo", 1)
+    return root
+
+
+@pytest.fixture
+def server(logs, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    srv = serve_in_thread(logs, port=0, refresh_s=0.0)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+# ---------------------------------------------------------------- API
+
+def test_api_runs(server):
+    code, body, headers = request(server, "/api/runs")
+    assert code == 200 and headers["Content-Type"].startswith("application/json")
+    runs = strict_json(body)
+    assert isinstance(runs, list) and [r["run"] for r in runs] == ["mini/grpo/seed1", "mini/sao/seed0"]
+    sao = runs[1]
+    assert sao["setting"] == "sao" and sao["seed"] == 0 and sao["last_step"] == 4
+    assert set(sao["flags"]) >= {"oom", "nan", "stalled", "finished", "crashed", "reward_timeout_rate"}
+    assert sao["flags"]["nan"] is True and runs[0]["flags"]["nan"] is False
+    assert "mini/sao/seed0/metrics.jsonl" in sao["files"]
+
+
+def test_api_metrics(server):
+    code, body, _ = request(server, "/api/metrics?run=mini/sao/seed0")
+    assert code == 200
+    d = strict_json(body)                                    # NaN goes out as null
+    assert d["run"] == "mini/sao/seed0" and d["setting"] == "sao" and d["last_step"] == 4
+    assert d["metrics"]["acc"] == {"step": [1, 2, 3, 4], "value": [0.1, 0.2, 0.3, None]}
+    code, body, _ = request(server, "/api/metrics?run=mini%2Fgrpo%2Fseed1&metrics=acc,dis/kept_frac,nope")
+    assert set(strict_json(body)["metrics"]) == {"acc", "dis/kept_frac"}
+    assert request(server, "/api/metrics?run=nope")[0] == 404
+    assert request(server, "/api/metrics")[0] == 400
+    assert request(server, "/api/metrics?run=mini/sao/seed0&max_points=x")[0] == 400
+
+
+def test_live_updates(server, logs):
+    assert strict_json(request(server, "/api/runs")[1])[0]["last_step"] == 3
+    with open(logs / "mini" / "grpo" / "seed1" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "acc": 0.9}\n{"step": 5, "acc": 1.0}\n')
+    assert strict_json(request(server, "/api/runs")[1])[0]["last_step"] == 5
+    write_run(logs, "grpo_dis", 2)                             # a run that starts later appears
+    assert "mini/grpo_dis/seed2" in [r["run"] for r in strict_json(request(server, "/api/runs")[1])]
+    with open(logs / "mini" / "grpo" / "seed1" / "events.log", "a") as f:
+        f.write("2026-11-29T16:01:00\tfinish\t{}\n")
+    assert strict_json(request(server, "/api/runs")[1])[0]["flags"]["finished"] is True
+
+
+def test_page_static_and_no_cdn(server):
+    code, body, headers = request(server, "/")
+    assert code == 200 and b"sao-repro monitor" in body and b"static/monitor.js" in body
+    assert "script-src 'self'" in headers["Content-Security-Policy"] and headers["X-Content-Type-Options"] == "nosniff"
+    js = request(server, "/static/monitor.js")
+    css = request(server, "/static/monitor.css")
+    assert js[0] == 200 and css[0] == 200 and js[2]["Content-Type"].startswith("text/javascript")
+    for text in (body.decode(), js[1].decode(), css[1].decode()):
+        assert not re.search(r"https?://|//cdn|unpkg|jsdelivr|googleapis", text)   # nothing loaded from elsewhere
+    assert request(server, "/static/nope.js")[0] == 404
+    assert request(server, "/api/nope")[0] == 404
+
+
+def test_files_under_logs_only(server, logs, tmp_path):
+    code, body, _ = request(server, "/files/mini/grpo/seed1/events.log")
+    assert code == 200 and b"start" in body
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not serve")
+    os.symlink(secret, logs / "mini" / "link.txt")
+    os.symlink(tmp_path, logs / "mini" / "dirlink")
+    for path in ["/files/../secret.txt", "/files/../../etc/passwd", "/files/%2e%2e/secret.txt",
+                 "/files/mini/..%2f..%2fsecret.txt", "/files//etc/passwd", "/files/mini/link.txt",
+                 "/files/mini/dirlink/secret.txt", "/files/%2fetc%2fpasswd", "/files/mini/%00x"]:
+        code, body, _ = request(server, path)
+        assert code in (403, 404), path
+        assert b"do not serve" not in body and b"root:" not in body, path
+    assert request(server, "/files/mini/nothing.log")[0] == 404
+    for path in ["/api/metrics?run=../../etc/passwd", "/api/metrics?run=%2Fetc%2Fpasswd", "/static/../monitor.py"]:
+        assert request(server, path)[0] == 404, path
+
+
+def test_symlinked_files_out_of_the_tree_are_never_read(server, logs, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "m.jsonl").write_text('{"step": 99, "acc": 1.0}\n')
+    (outside / "e.log").write_text("2026-11-29T16:00:00\terror\t{\"error\": \"CUDA out of memory SECRET\"}\n")
+    d = logs / "mini" / "grpo_dis" / "seed5"
+    d.mkdir(parents=True)
+    os.symlink(outside / "m.jsonl", d / "metrics.jsonl")
+    os.symlink(outside / "e.log", d / "events.log")
+    os.symlink(outside / "e.log", d / "stderr.log")
+    runs = {r["run"]: r for r in strict_json(request(server, "/api/runs")[1])}
+    r = runs["mini/grpo_dis/seed5"]
+    assert r["last_step"] is None and not r["flags"]["oom"] and not r["flags"]["crashed"] and r["files"] == []
+    assert b"SECRET" not in request(server, "/api/runs")[1]
+    assert strict_json(request(server, "/api/metrics?run=mini/grpo_dis/seed5")[1])["metrics"] == {}
+    assert request(server, "/files/mini/grpo_dis/seed5/events.log")[0] == 403
+
+
+def test_dns_rebinding_host_refused(server):
+    assert request(server, "/api/runs", host="evil.example.com")[0] == 403
+    assert request(server, "/api/runs", host="localhost:8790")[0] == 200
+
+
+# ---------------------------------------------------------------- keys
+
+def test_admin_needs_key_even_on_loopback(server):
+    code, body, _ = request(server, "/api/admin/rescan", method="POST")
+    assert code == 403 and KEY_ENV.encode() in body                    # disabled without a key
+
+
+def test_admin_with_key_on_loopback(logs):
+    srv = serve_in_thread(logs, port=0, api_key=KEY)
+    try:
+        assert request(srv, "/api/runs")[0] == 200                      # reading stays open on loopback
+        assert request(srv, "/api/admin/rescan", method="POST")[0] == 401
+        assert request(srv, "/api/admin/rescan", method="POST", headers={"X-API-Key": "wrong"})[0] == 401
+        code, body, _ = request(srv, "/api/admin/rescan", method="POST", headers={"X-API-Key": KEY})
+        assert code == 200 and strict_json(body)["runs"] == 2
+        assert request(srv, "/api/admin/rescan", headers={"X-API-Key": KEY})[0] == 405
+        assert request(srv, "/api/admin/nope", method="POST", headers={"X-API-Key": KEY})[0] == 404
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_non_loopback_refused_without_key(logs, monkeypatch, capsys):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(ValueError, match=KEY_ENV):
+        make_server(logs, host="0.0.0.0", port=0)
+    assert monitor_main(["--logs", str(logs), "--host", "0.0.0.0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert KEY_ENV in err and "refusing" in err
+    monkeypatch.setenv(KEY_ENV, "")
+    assert monitor_main(["--logs", str(logs), "--host", "0.0.0.0", "--port", "0"]) == 2
+
+
+def test_non_loopback_every_request_needs_key(logs):
+    srv = serve_in_thread(logs, host="0.0.0.0", port=0, api_key=KEY)
+    try:
+        for path in ["/", "/api/runs", "/api/metrics?run=mini/sao/seed0", "/static/monitor.js",
+                     "/files/mini/sao/seed0/events.log", "/nope"]:
+            assert request(srv, path)[0] == 401, path
+            assert request(srv, path, headers={"X-API-Key": KEY + "x"})[0] == 401, path
+            assert request(srv, path, headers={"Authorization": "Bearer nope"})[0] == 401, path
+        assert request(srv, "/api/runs", headers={"X-API-Key": KEY})[0] == 200
+        assert request(srv, "/api/runs", headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+        assert request(srv, f"/api/runs?key={KEY}")[0] == 200
+        assert request(srv, "/api/runs", host="monitor.cluster.internal:1", headers={"X-API-Key": KEY})[0] == 200
+        code, page, _ = request(srv, f"/?key={KEY}")
+        assert code == 200 and f"static/monitor.js?key={KEY}".encode() in page     # the page reuses its key
+        assert request(srv, f"/static/monitor.js?key={KEY}")[0] == 200
+        assert request(srv, "/files/../../etc/passwd", headers={"X-API-Key": KEY})[0] == 403
+        assert request(srv, "/api/admin/rescan", method="POST")[0] == 401
+        assert request(srv, "/api/admin/rescan", method="POST", headers={"X-API-Key": KEY})[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_page_escapes_and_js_sends_key():
+    page = render_page(Path("/logs/<script>"), '"><script>alert(1)</script>')
+    assert "<script>alert" not in page and "/logs/&lt;script&gt;" in page
+    assert '"X-API-Key": KEY' in JS and "encodeURIComponent(KEY)" in JS
+    assert "innerHTML" not in JS                                      # text goes in via textContent only
+    assert "{" in CSS
+
+
+# ---------------------------------------------------------------- command line
+
+def test_cli_help():
+    with pytest.raises(SystemExit) as e:
+        monitor_main(["--help"])
+    assert e.value.code == 0
+
+
+def test_cli_serves_until_stopped(logs, monkeypatch):
+    env = dict(os.environ)
+    env.pop(KEY_ENV, None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.monitor import monitor_main; "
+                          "sys.exit(monitor_main(sys.argv[1:]))", "--logs", str(logs), "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert m, line + p.stderr.read()
+        c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=10)
+        c.request("GET", "/api/runs")
+        r = c.getresponse()
+        assert r.status == 200 and len(json.loads(r.read())) == 2
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_start_script():
+    script = REPO / "scripts" / "start_monitor.sh"
+    assert script.exists() and os.access(script, os.X_OK)
+    assert 'sao-repro monitor "$@"' in script.read_text()

@@ -1,0 +1,205 @@
+"""End to end: real headless Chromium opens the monitor while a run writes its logs.
+
+Chromium is driven over the DevTools protocol through a pipe (--remote-debugging-pipe:
+JSON messages separated by NUL bytes on fds 3 and 4), so no driver package is needed.
+The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
+"""
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from sao_repro.monitor import serve_in_thread
+
+HERE = Path(__file__).resolve().parent
+ARTIFACTS = Path(os.environ.get("SAO_ARTIFACTS", HERE.parent / "artifacts"))
+CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
+                             shutil.which("google-chrome")) if p), None)
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium: apt-get install -y chromium")]
+
+
+class Chrome:
+    "Headless Chromium with a DevTools-protocol pipe."
+
+    def __init__(self, width=1400, height=1500):
+        self.profile = tempfile.mkdtemp(prefix="sao-chrome-")
+        to_chrome_r, self.to_chrome = os.pipe()
+        self.from_chrome, from_chrome_w = os.pipe()
+
+        def wire():
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
+                 "--disable-dev-shm-usage", "--hide-scrollbars", f"--window-size={width},{height}",
+                 f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"]
+        self.proc = subprocess.Popen([CHROMIUM, *flags], preexec_fn=wire, close_fds=False,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self.buf = b""
+        self.next_id = 0
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def call(self, method, session=None, **params):
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        os.write(self.to_chrome, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self.buf:
+                chunk = os.read(self.from_chrome, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium closed the DevTools pipe")
+                self.buf += chunk
+            raw, self.buf = self.buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+
+    def page(self, method, **params):
+        return self.call(method, session=self.session, **params)
+
+    def eval(self, expr):
+        r = self.page("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def close(self):
+        try:
+            self.call("Browser.close")
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.to_chrome)
+        os.close(self.from_chrome)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+STATE_JS = """(() => {
+  if (!document.getElementById('status') || !document.body) return null;
+  const pts = {};
+  for (const c of document.querySelectorAll('canvas[data-metric]')) pts[c.dataset.metric] = +c.dataset.points;
+  const flags = {};
+  for (const tr of document.querySelectorAll('#runs tbody tr')) flags[tr.dataset.run] = tr.dataset.flags;
+  return {polls: +(document.body.dataset.polls || 0), points: pts, flags: flags,
+          status: document.getElementById('status').textContent,
+          resources: performance.getEntriesByType('resource').map(e => e.name)};
+})()"""
+
+
+def wait_for(chrome, pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        try:
+            state = chrome.eval(STATE_JS)
+        except RuntimeError as e:       # the page is between documents (navigation in flight)
+            state = str(e)
+        if isinstance(state, dict) and pred(state):
+            return state
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last page state: {state}")
+
+
+def test_monitor_page_updates_live(tmp_path):
+    logs = tmp_path / "runs"
+    logs.mkdir()
+    writer = subprocess.Popen([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs),
+                               "--runs", "sao:0,grpo:0", "--steps", "45", "--interval", "0.2",
+                               "--nan-run", "grpo:0", "--nan-at", "30"])
+    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
+    chrome = Chrome()
+    try:
+        chrome.page("Page.enable")
+        chrome.page("Page.navigate", url=srv.url)
+        sao, grpo = "mini/sao/seed0", "mini/grpo/seed0"
+        first = wait_for(chrome, lambda s: s["points"].get("acc", 0) > 0 and len(s["flags"]) == 2, 30,
+                         "the first points of both runs")
+        assert first["flags"][sao] == "" and first["flags"][grpo] == ""
+        assert set(first["points"]) >= {"acc", "reward/mean", "dis/kept_frac", "dis/masked_frac",
+                                        "critic/explained_var", "rollout/resp_len", "rollout/policy_lag"}
+        later = wait_for(chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30,
+                         "the accuracy plot to grow")
+        assert later["polls"] > first["polls"]
+        assert writer.wait(timeout=60) == 0
+        done = wait_for(chrome, lambda s: "finished" in s["flags"][sao] and "crashed" in s["flags"][grpo], 20,
+                        "the finished / nan / crashed flags")
+        assert set(done["flags"][grpo].split()) == {"nan", "crashed"}
+        assert done["flags"][sao] == "finished"
+        assert done["points"]["acc"] == 45 + 30
+        assert done["points"]["critic/explained_var"] == 45  # only sao has a critic
+        assert done["points"]["dis/kept_frac"] == 45  # grpo has no DIS
+        assert all(u.startswith(srv.url) for u in done["resources"]), done["resources"]  # nothing off-site
+        shot = base64.b64decode(chrome.page("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "monitor.png").write_bytes(shot)
+        assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
+    finally:
+        chrome.close()
+        srv.shutdown()
+        srv.server_close()
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+
+
+@pytest.mark.slow
+def test_monitor_page_follows_a_real_testbed_run(tmp_path):
+    """The same, with a real (tiny) `sao-repro run` on the CPU testbed writing the logs."""
+    pytest.importorskip("sao_repro.mini.cli")
+    logs = tmp_path / "runs"
+    logs.mkdir()
+    run = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.mini.cli import run_main; "
+                            "sys.exit(run_main(sys.argv[1:]))", "--setting", "sao", "--out", str(logs),
+                            "--preset", "smoke", "--traj-per-step", "16", "--eval-every", "10", "--eval-n", "32",
+                            "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
+    chrome = Chrome()
+    try:
+        chrome.page("Page.navigate", url=srv.url)
+        name = "mini/sao/seed0"
+        seen = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            s = chrome.eval(STATE_JS)
+            if s and name in s["flags"]:
+                seen.append((s["points"].get("rollout/resp_len", 0), s["flags"][name]))
+                if "finished" in s["flags"][name]:
+                    break
+            time.sleep(0.5)
+        assert run.wait(timeout=60) == 0, run.stderr.read()
+        assert seen and seen[-1] == (60, "finished"), seen[-5:]
+        growing = sorted({p for p, f in seen if 0 < p < 60})
+        assert growing, f"never saw the run part-way: {seen}"          # the page updated while the run was going
+        assert any(f == "" for p, f in seen if p < 60)                   # running, no flag, before it finished
+        shot = base64.b64decode(chrome.page("Page.captureScreenshot", format="png")["data"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "monitor_testbed.png").write_bytes(shot)
+    finally:
+        chrome.close()
+        srv.shutdown()
+        srv.server_close()
+        if run.poll() is None:
+            run.kill()
+            run.wait()

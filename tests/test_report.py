@@ -1,0 +1,243 @@
+"""The MATH-hard report: rendered from a small real testbed comparison, offline HTML, numbers, caching, browser checks.
+
+The runs are made once per session by the CPU testbed (sao_repro.mini): 2 settings x 2 seeds x 60 steps
+of the smoke-size model on 1-digit arithmetic (so accuracy is not stuck at 0), in this process.
+"""
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sao_repro import report as R
+from sao_repro.metrics import collect_metrics, summarize_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = ("sao", "grpo")
+SEEDS = (0, 1)
+STEPS = 60
+T975 = {1: 12.706, 2: 4.303, 3: 3.182}  # printed t table, two-sided 95%
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+    "A real testbed comparison (sao, grpo) x seeds 0, 1, made with the testbed's own run function."
+    import torch
+    from sao_repro.mini.cli import run_setting
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("runs")
+    ov = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 20, "eval_n": 32, "ckpt_every": STEPS}
+    for s in SETTINGS:
+        for k in SEEDS:
+            run_setting(s, k, STEPS, out_dir=str(out), overrides=ov, log=None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def rendered(runs, tmp_path_factory):
+    "The report rendered once through the CLI function (html, plus pdf when Chromium is present)."
+    out = tmp_path_factory.mktemp("report")
+    fmt = "html,pdf" if R.find_chromium() else "html"
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", fmt, "--engine", "nbconvert"]) == 0
+    return out
+
+
+class Tables(HTMLParser):
+    "Collect every <table id=...> as a list of rows of cell texts."
+    def __init__(self):
+        super().__init__()
+        self.tables, self._id, self._row, self._cell = {}, None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table" and a.get("id"):
+            self._id = a["id"]
+            self.tables[self._id] = []
+        elif tag == "tr" and self._id:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = ""
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append(self._cell.strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.tables[self._id].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._id = None
+
+
+def table(html, table_id):
+    p = Tables()
+    p.feed(html)
+    rows = p.tables[table_id]
+    return [dict(zip(rows[0], r)) for r in rows[1:]]
+
+
+def test_html_is_self_contained_with_figures_and_tables(rendered):
+    html = (rendered / "math_hard_report.html").read_text()
+    assert len(re.findall(r'<img[^>]+src="data:image/png;base64,', html)) >= 3  # accuracy, DIS, critic
+    assert R.offline_violations(html) == []
+    assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?://", html)
+    for tid in ("design-table", "numbers-table", "reference-table", "distance-table", "runs-table"):
+        assert f'id="{tid}"' in html, tid
+    assert "Traceback" not in html and "Error" not in html.split("</style>")[-1]
+
+
+def test_numbers_equal_those_computed_from_the_metrics(rendered, runs):
+    "Window means (first / last 50 steps of acc) and t-based 95% CIs, recomputed here from metrics.jsonl."
+    html = (rendered / "math_hard_report.html").read_text()
+    rows = {r["setting"]: r for r in table(html, "numbers-table")}
+    assert sorted(rows) == sorted(SETTINGS)
+    for s in SETTINGS:
+        starts, ends = [], []
+        for k in SEEDS:
+            ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
+            acc = {m["step"]: m["acc"] for m in ms}
+            first, last = min(acc), max(acc)
+            starts.append(sum(v for st, v in acc.items() if st < first + 50) / sum(1 for st in acc if st < first + 50))
+            ends.append(sum(v for st, v in acc.items() if st > last - 50) / sum(1 for st in acc if st > last - 50))
+        def mci(xs):
+            m = sum(xs) / len(xs)
+            sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+            return m, T975[len(xs) - 1] * sd / math.sqrt(len(xs))
+        (sm, sh), (em, eh) = mci(starts), mci(ends)
+        r = rows[s]
+        assert r["accuracy start -> end"] == f"{sm:.3f} -> {em:.3f}"
+        assert r["start (first 50), 95% CI"] == f"{sm:.3f} ± {sh:.3f}"
+        assert r["end (last 50), 95% CI"] == f"{em:.3f} ± {eh:.3f}"
+        assert r["seeds"] == str(len(SEEDS)) and r["steps"] == str(STEPS) and r["traj/step"] == "16"
+        assert r["prompts x G"] == {"sao": "16 x 1", "grpo": "2 x 8"}[s]
+    assert 0 < max(float(r["accuracy start -> end"].split()[0]) for r in rows.values())  # not all-zero runs
+    # the JSON written beside the HTML agrees with the metrics module's per-run windows
+    nums = {n["setting"]: n for n in json.loads((rendered / "numbers.json").read_text())}
+    summ = summarize_runs(collect_metrics(runs), 50, 50)
+    for s in SETTINGS:
+        assert nums[s]["acc_end"] == pytest.approx(summ[summ.setting == s].end_acc.mean())
+
+
+def test_reference_numbers_are_separate_and_labeled(rendered):
+    html = (rendered / "math_hard_report.html").read_text()
+    ref = {r["setting"]: r for r in table(html, "reference-table")}
+    assert ref["grpo"]["accuracy start -> end (reported)"] == "~39% -> ~15%"
+    assert ref["grpo"]["steps"] == "268" and "collapse" in ref["grpo"]["note"]
+    assert ref["grpo_dis"]["accuracy start -> end (reported)"] == "~40% -> ~57%"
+    numbers = " ".join(" ".join(r.values()) for r in table(html, "numbers-table"))
+    assert "~" not in numbers and "%" not in numbers
+    assert "not our runs" in html and "Qwen3-4B" in html
+
+
+def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
+    html = (rendered / "math_hard_report.html").read_text()
+    lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
+    assert len(lines) == 6  # numbers, per run, 3 figures, distance (design / reference name their sources)
+    named = [set(re.findall(r"mini/(\w+)/seed(\d)", line)) for line in lines]
+    every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
+    assert named[0] == named[1] == named[2] == named[5] == every  # numbers, per run, accuracy, distance
+    assert named[3] == named[4] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
+    assert html.count("sao-repro report --runs") >= 8
+    assert "sao-repro run --setting sao --seed 1 --steps 60" in html
+
+
+def test_rerender_with_unchanged_runs_is_reused(rendered, runs, monkeypatch, capsys, tmp_path):
+    "Same runs: nothing is executed again, whatever --format / --screenshot ask for; outputs are untouched."
+    outs = [rendered / f"math_hard_report.{x}" for x in ("ipynb", "html")] + [rendered / "numbers.json"]
+    before = [p.stat().st_mtime_ns for p in outs]
+    def boom(*a, **k):
+        raise AssertionError("executed again")
+    monkeypatch.setattr(R, "execute_report", boom)
+    monkeypatch.setattr(R, "notebook_to_html", boom)
+    for fmt in ("html", "html,pdf"):
+        assert R.report_main(["--runs", str(runs), "--out", str(rendered), "--format", fmt, "--engine", "nbconvert"]) == 0
+        assert "inputs unchanged, reused" in capsys.readouterr().out
+    assert [p.stat().st_mtime_ns for p in outs] == before
+    if R.find_chromium():
+        pdf = rendered / "math_hard_report.pdf"
+        t = pdf.stat().st_mtime_ns
+        assert R.report_main(["--runs", str(runs), "--out", str(rendered), "--format", "pdf"]) == 0
+        assert pdf.stat().st_mtime_ns == t
+    with pytest.raises(AssertionError, match="executed again"):  # a changed window is a different report
+        R.report_main(["--runs", str(runs), "--out", str(rendered), "--start-steps", "10"])
+
+
+def test_missing_or_empty_runs_folder_is_a_clear_error(tmp_path, capsys):
+    assert R.report_main(["--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    assert "sao-repro compare" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert R.report_main(["--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 1
+    assert "no run folders" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "math_hard_report.html").exists()
+
+
+@pytest.mark.browser
+def test_pdf_and_screenshot(rendered, tmp_path):
+    if not R.find_chromium():
+        pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
+    pdf = rendered / "math_hard_report.pdf"
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 20_000
+    png = R.screenshot(rendered / "math_hard_report.html", tmp_path / "shot.png")
+    stats = R.image_stats(png)
+    assert stats["size"] == (1280, 2000)
+    assert not R.is_blank(png), stats
+    assert stats["n_colors"] > 100  # text, tables and a figure, not a plain page
+
+
+def test_quarto_yml_parses_and_names_existing_files():
+    cfg = yaml.safe_load((ROOT / "_quarto.yml").read_text())
+    assert cfg["project"]["type"] == "website"
+    assert cfg["project"]["output-dir"] == "_docs"  # nbdev's doc_path
+    files = R._yml_files(cfg)
+    assert "report/math_hard_report.ipynb" in files and any(f.startswith("nbs/") for f in files)
+    for f in files:
+        assert (ROOT / f).exists(), f
+    assert R.check_quarto_yml(ROOT) == [], "run `sao-repro docs --write-quarto-yml`"
+
+
+def test_report_notebook_has_a_literal_parameters_cell():
+    nb = json.loads((ROOT / R.REPORT_NB).read_text())
+    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1
+    src = "".join(cells[0]["source"])
+    names = {l.split("=")[0].strip() for l in src.splitlines() if "=" in l}
+    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command"}
+
+
+@pytest.mark.slow
+def test_offline_docs_site(rendered, tmp_path):
+    "Two notebooks through nbdev's processing + nbconvert, the index and the report, linked by one nav bar."
+    pages = R.build_docs(ROOT, tmp_path / "site", only=["15_settings.ipynb", "60_report.ipynb"],
+                         report_html=rendered / "math_hard_report.html")
+    names = sorted(p.name for p in pages)
+    assert names == ["index.html", "math_hard_report.html", "report.html", "settings.html"]  # no page overwrites another
+    for p in pages:
+        html = p.read_text()
+        assert R.offline_violations(html) == []
+        assert 'href="math_hard_report.html"' in html and 'href="settings.html"' in html
+    assert 'id="numbers-table"' in (tmp_path / "site" / "math_hard_report.html").read_text()
+    settings = (tmp_path / "site" / "settings.html").read_text()
+    assert "get_setting" in settings and "#| export" not in settings
+
+
+@pytest.mark.slow
+def test_explore_notebook_loads_a_run(runs, tmp_path):
+    "experiments/explore_run.ipynb runs on a testbed run folder and plots the DIS ratios and advantages."
+    import papermill as pm
+    R._kernel_env()
+    out = tmp_path / "explore.ipynb"
+    pm.execute_notebook(str(ROOT / "experiments" / "explore_run.ipynb"), str(out), kernel_name="python3",
+                        parameters={"run_dir": str(runs / "mini" / "sao" / "seed0")}, progress_bar=False,
+                        cwd=str(ROOT / "experiments"))
+    nb = json.loads(out.read_text())
+    pngs = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2
+    text = json.dumps(nb)
+    assert "setting sao, seed 0, 60 steps" in text and "dis/ratio_p50" in text
