@@ -1,6 +1,5 @@
 """CPU testbed (sao_repro.mini): task, smoke runs of every setting, exact resume, NaN stop, papermill, CLI errors."""
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -9,34 +8,13 @@ import torch
 
 from sao_repro.settings import list_settings
 from sao_repro.mini.task import TaskConfig, answer_reward, eval_problems, sample_problems
-from sao_repro.mini.train import MiniRunConfig, NonFiniteError, checkpoints, read_metrics, train_run
+from sao_repro.mini.train import NonFiniteError, checkpoints, read_metrics, train_run
 from sao_repro.mini.cli import compare_main, make_config, run_main, run_setting
+from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 CONTRACT_KEYS = ["step", "acc", "reward/mean", "dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac",
                  "adv/mean", "adv/std", "actor/loss", "actor/grad_norm", "rollout/policy_lag", "rollout/resp_len",
                  "perf/step_s"]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def smoke_cache(tmp_path_factory):
-    "One warm-start cache for the whole session (the smoke preset builds in seconds)."
-    old = os.environ.get("SAO_REPRO_CACHE")
-    os.environ["SAO_REPRO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("SAO_REPRO_CACHE", None)
-    else:
-        os.environ["SAO_REPRO_CACHE"] = old
-
-
-def smoke_cfg(setting, out, **kw):
-    return make_config(setting, seed=kw.pop("seed", 0), steps=kw.pop("steps", 4), out_dir=str(out), smoke=False,
-                       overrides={"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32,
-                                  "eval_every": 3, "ckpt_every": 3, **kw})
-
-
-def strip_perf(ms):
-    return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]
 
 
 # ---------------------------------------------------------------- task

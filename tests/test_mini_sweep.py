@@ -1,42 +1,20 @@
 """Testbed knobs (minibatches, critic overrides, policy_lambda) and `sao-repro sweep` (sao_repro.mini.sweep)."""
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from sao_repro.loss import policy_loss
-from sao_repro.mini.cli import make_config, run_main
+from sao_repro.mini.cli import run_main
 from sao_repro.mini.model import token_logp
 from sao_repro.mini.sweep import load_sweep, paired_effect, sweep_main
 from sao_repro.mini.train import MiniTrainer, NonFiniteError, checkpoints, read_metrics, train_run
+from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_SWEEP = REPO / "configs" / "sweeps" / "smoke.yaml"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def smoke_cache(tmp_path_factory):
-    "One warm-start cache for this module (the smoke preset builds in seconds); as in tests/test_mini.py."
-    old = os.environ.get("SAO_REPRO_CACHE")
-    os.environ["SAO_REPRO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("SAO_REPRO_CACHE", None)
-    else:
-        os.environ["SAO_REPRO_CACHE"] = old
-
-
-def smoke_cfg(setting, out, **kw):
-    return make_config(setting, seed=kw.pop("seed", 0), steps=kw.pop("steps", 4), out_dir=str(out), smoke=False,
-                       overrides={"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32,
-                                  "eval_every": 3, "ckpt_every": 3, **kw})
-
-
-def strip_perf(ms):
-    return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]
 
 
 def adam_steps(opt_state):
