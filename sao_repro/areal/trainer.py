@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal_trainer.html.md"""
 __all__ = ['SAO_STATE_FILE', 'SAOPPOActor', 'SAOPPOCritic', 'explained_variance', 'save_sao_state', 'load_sao_state',
            'SAOPPOTrainer', 'append_metrics', 'log_event']
 
-# %% ../../nbs/43_areal_trainer.ipynb #93e4ae36
+# %% ../../nbs/43_areal_trainer.ipynb #340107d5
 import json
 import os
 import time
@@ -24,7 +24,7 @@ from ..settings import get_setting
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
 from .config import SAOSection
 
-# %% ../../nbs/43_areal_trainer.ipynb #dc299abf
+# %% ../../nbs/43_areal_trainer.ipynb #1c76b323
 def _sao_of(config) -> SAOSection:
     "The `sao:` section an engine config carries (a plain AReaL config gets the defaults of setting 'sao')."
     return getattr(config, "sao", None) or SAOSection()
@@ -35,7 +35,8 @@ class SAOPPOActor(PPOActor):
         super().__init__(config, engine)
         self.sao = _sao_of(config)
         self.setting = get_setting(self.sao.setting)
-        self.band = self.setting.band
+        rs = getattr(config, "rejection_sampling", None)  # the band AReaL applies (may differ under sao.strict: false)
+        self.band = None if rs is None else (float(rs.lower), float(rs.upper))
         if self.setting.advantage == "running_mean":
             # the engine's data-parallel group exists only after its initialize(): resolve it at the first call
             group = (lambda: getattr(engine, "data_parallel_group", None)) if engine is not None else None
@@ -47,7 +48,7 @@ class SAOPPOActor(PPOActor):
             return False
         return int(self.engine.get_version()) < self.sao.warmup_steps
 
-# %% ../../nbs/43_areal_trainer.ipynb #a288255b
+# %% ../../nbs/43_areal_trainer.ipynb #93770080
 def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
     "AReaL 1.0.4's `_compute_advantages` before its GAE loop: returns (data, token rewards, KL rewards)."
     from areal.utils.functional import reward_overlong_penalty
@@ -88,7 +89,7 @@ def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, to
     data["logprobs"] = old_logp
     return data, rewards, kl_rewards
 
-# %% ../../nbs/43_areal_trainer.ipynb #c9fe53e4
+# %% ../../nbs/43_areal_trainer.ipynb #45c686fc
 def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
     "AReaL's reward shaping, then skip-obs GAE (vectorized; no bootstrap from the padded width)."
     data, rewards, kl_rewards = _shaped_rewards(self, data)
@@ -105,7 +106,7 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
 
 SAOPPOActor._compute_advantages = _compute_advantages
 
-# %% ../../nbs/43_areal_trainer.ipynb #eb5af615
+# %% ../../nbs/43_areal_trainer.ipynb #95aceda4
 def _ppo_update_batched(self:SAOPPOActor, data:dict) -> None:
     "Log the token-weighted `dis/` fractions of the whole local batch, then AReaL's update."
     if self.band is not None and data.get("prox_logp") is not None:
@@ -123,7 +124,7 @@ def _ppo_update(self:SAOPPOActor, data:list) -> None:
 SAOPPOActor._ppo_update = _ppo_update_batched
 SAOPPOActor.ppo_update = _ppo_update
 
-# %% ../../nbs/43_areal_trainer.ipynb #cdb85dd0
+# %% ../../nbs/43_areal_trainer.ipynb #60b8e83e
 class SAOPPOCritic(PPOCritic):
     "AReaL's PPO critic run `sao.critic_k` times per step; logs `critic/explained_var` before the update."
     def __init__(self, config, engine):
@@ -156,7 +157,7 @@ def explained_variance(
         return None
     return float(1.0 - e.var(unbiased=False) / r.var(unbiased=False))
 
-# %% ../../nbs/43_areal_trainer.ipynb #27506459
+# %% ../../nbs/43_areal_trainer.ipynb #fde51a3a
 SAO_STATE_FILE = "sao_state.json"
 
 def save_sao_state(actor:SAOPPOActor, path:str|None) -> str|None:
@@ -181,7 +182,7 @@ def load_sao_state(actor:SAOPPOActor, path:str|None) -> bool:
     actor.reward_norm.load_state_dict(state["reward_norm"])
     return True
 
-# %% ../../nbs/43_areal_trainer.ipynb #ed6ffb92
+# %% ../../nbs/43_areal_trainer.ipynb #a94dbe93
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 from .config import with_sao, config_dict
@@ -221,7 +222,7 @@ class SAOPPOTrainer(PPOTrainer):
             dist.barrier(group=self.actor.cpu_group)
             current_platform.synchronize()
 
-# %% ../../nbs/43_areal_trainer.ipynb #c6a2f139
+# %% ../../nbs/43_areal_trainer.ipynb #9ea09e6a
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
     "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names."
     if not run_dir:
