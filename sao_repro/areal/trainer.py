@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal_trainer.html.md"""
 __all__ = ['SAO_STATE_FILE', 'SAOPPOActor', 'SAOPPOCritic', 'explained_variance', 'save_sao_state', 'load_sao_state',
            'SAOPPOTrainer', 'append_metrics', 'log_event']
 
-# %% ../../nbs/43_areal_trainer.ipynb #340107d5
+# %% ../../nbs/43_areal_trainer.ipynb #9344d1e8
 import json
 import os
 import time
@@ -19,12 +19,13 @@ from areal.trainer.ppo.actor import PPOActor
 from areal.trainer.ppo.critic import PPOCritic
 from areal.utils import stats_tracker
 from areal.utils.stats_tracker import ReduceType
-from ..core import masked_mean, masked_var
+import math
+from ..critic import explained_variance as masked_explained_variance
 from ..settings import get_setting
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
 from .config import SAOSection
 
-# %% ../../nbs/43_areal_trainer.ipynb #1c76b323
+# %% ../../nbs/43_areal_trainer.ipynb #eac4c3cd
 def _sao_of(config) -> SAOSection:
     "The `sao:` section an engine config carries (a plain AReaL config gets the defaults of setting 'sao')."
     return getattr(config, "sao", None) or SAOSection()
@@ -48,7 +49,7 @@ class SAOPPOActor(PPOActor):
             return False
         return int(self.engine.get_version()) < self.sao.warmup_steps
 
-# %% ../../nbs/43_areal_trainer.ipynb #93770080
+# %% ../../nbs/43_areal_trainer.ipynb #5867a2a7
 def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
     "AReaL 1.0.4's `_compute_advantages` before its GAE loop: returns (data, token rewards, KL rewards)."
     from areal.utils.functional import reward_overlong_penalty
@@ -89,7 +90,7 @@ def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, to
     data["logprobs"] = old_logp
     return data, rewards, kl_rewards
 
-# %% ../../nbs/43_areal_trainer.ipynb #45c686fc
+# %% ../../nbs/43_areal_trainer.ipynb #6e68d697
 def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
     "AReaL's reward shaping, then skip-obs GAE (vectorized; no bootstrap from the padded width)."
     data, rewards, kl_rewards = _shaped_rewards(self, data)
@@ -106,7 +107,7 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
 
 SAOPPOActor._compute_advantages = _compute_advantages
 
-# %% ../../nbs/43_areal_trainer.ipynb #95aceda4
+# %% ../../nbs/43_areal_trainer.ipynb #71c031cf
 def _ppo_update_batched(self:SAOPPOActor, data:dict) -> None:
     "Log the token-weighted `dis/` fractions of the whole local batch, then AReaL's update."
     if self.band is not None and data.get("prox_logp") is not None:
@@ -124,7 +125,7 @@ def _ppo_update(self:SAOPPOActor, data:list) -> None:
 SAOPPOActor._ppo_update = _ppo_update_batched
 SAOPPOActor.ppo_update = _ppo_update
 
-# %% ../../nbs/43_areal_trainer.ipynb #60b8e83e
+# %% ../../nbs/43_areal_trainer.ipynb #00b589c2
 class SAOPPOCritic(PPOCritic):
     "AReaL's PPO critic run `sao.critic_k` times per step; logs `critic/explained_var` before the update."
     def __init__(self, config, engine):
@@ -143,21 +144,14 @@ def explained_variance(
     data:list, # per-trajectory dicts with "values", "returns", "loss_mask" (AReaL layout after advantages)
 ) -> float|None:
     "1 - Var(returns - values) / Var(returns) over the action tokens of the local batch (None if undefined)."
-    diffs, rets = [], []
-    for d in data:
-        if not all(k in d for k in ("values", "returns", "loss_mask")):
-            return None
-        m = d["loss_mask"].bool().flatten()
-        diffs.append((d["returns"].float() - d["values"].float()).flatten()[m])
-        rets.append(d["returns"].float().flatten()[m])
-    if not rets:
+    keys = ("values", "returns", "loss_mask")
+    if not data or not all(k in d for d in data for k in keys):
         return None
-    r, e = torch.cat(rets), torch.cat(diffs)
-    if r.numel() < 2 or float(r.var(unbiased=False)) == 0.0:
-        return None
-    return float(1.0 - e.var(unbiased=False) / r.var(unbiased=False))
+    v, r, m = (torch.cat([d[k].flatten() for d in data])[None] for k in keys)
+    ev = masked_explained_variance(v.float(), r.float(), m.bool())
+    return None if math.isnan(ev) else ev
 
-# %% ../../nbs/43_areal_trainer.ipynb #fde51a3a
+# %% ../../nbs/43_areal_trainer.ipynb #a47f617f
 SAO_STATE_FILE = "sao_state.json"
 
 def save_sao_state(actor:SAOPPOActor, path:str|None) -> str|None:
@@ -182,7 +176,7 @@ def load_sao_state(actor:SAOPPOActor, path:str|None) -> bool:
     actor.reward_norm.load_state_dict(state["reward_norm"])
     return True
 
-# %% ../../nbs/43_areal_trainer.ipynb #a94dbe93
+# %% ../../nbs/43_areal_trainer.ipynb #cc17fb4e
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 from .config import with_sao, config_dict
@@ -222,7 +216,7 @@ class SAOPPOTrainer(PPOTrainer):
             dist.barrier(group=self.actor.cpu_group)
             current_platform.synchronize()
 
-# %% ../../nbs/43_areal_trainer.ipynb #9ea09e6a
+# %% ../../nbs/43_areal_trainer.ipynb #6b6fd2a6
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
     "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names."
     if not run_dir:
