@@ -1,10 +1,13 @@
 # sao-repro: `make study` installs everything into a fresh virtualenv (CPU torch) and runs the
 # five-setting comparison on the CPU testbed; `make test` runs the test suite.
+# The default study is the chain family (scratchpad responses, 2-4 terms mixed in each batch), where the
+# testbed separates the settings best (README, "Findings"); STUDY='' gives the two-digit addition study.
 PYTHON ?= python3
 VENV ?= .venv
 SEEDS ?= 1
 OUT ?= runs
 JOBS ?= 2
+STUDY ?= --family chain --ops +- --difficulty 1 --min-terms 2 --max-terms 4 --lr 2e-4
 # the CPU build of torch; elsewhere add e.g. TORCH_ARGS='--index-url <a CPU wheel index>'
 TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
@@ -20,7 +23,7 @@ $(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
 install: $(BIN)/sao-repro
 
 study: install
-	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS)
+	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS) $(STUDY)
 
 test: install
 	PATH=$(abspath $(BIN)):$$PATH bash scripts/test.sh

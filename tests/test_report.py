@@ -241,3 +241,37 @@ def test_explore_notebook_loads_a_run(runs, tmp_path):
     assert len(pngs) == 2
     text = json.dumps(nb)
     assert "setting sao, seed 0, 60 steps" in text and "dis/ratio_p50" in text
+
+
+def test_sweep_findings_section(runs, tmp_path):
+    "--sweeps: each sweep's phenomena table, its values recomputed here from the run folders' metrics."
+    import shutil
+    import statistics
+    from sao_repro.mini.sweep import format_results, load_sweep, sweep_results
+    sc = load_sweep({"name": "t", "settings": list(SETTINGS), "seeds": len(SEEDS), "steps": STEPS, "window": 20,
+                     "base": {"preset": "smoke", "difficulty": 1}})
+    shutil.copytree(runs / "mini", tmp_path / "sweeps" / "t" / "base" / "mini")
+    res = sweep_results(sc, str(tmp_path))
+    (tmp_path / "sweeps/t/results.json").write_text(json.dumps(res))
+    (tmp_path / "sweeps/t/results.md").write_text("`sao-repro sweep t.yaml`\n\n" + format_results(res))
+    out = tmp_path / "report"
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--engine", "nbconvert",
+                          "--sweeps", str(tmp_path / "sweeps")]) == 0
+    p = Tables()
+    p.feed((out / "math_hard_report.html").read_text())
+    rows = {r[1]: r for r in p.tables["phenomena-t"][1:]}
+    def heldout_end(s, k):  # mean of the evaluations inside the last 20 steps
+        ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
+        return statistics.mean(m["eval/acc"] for m in ms if "eval/acc" in m and m["step"] > STEPS - 20)
+    d = [heldout_end("sao", k) - heldout_end("grpo", k) for k in SEEDS]
+    half = T975[len(d) - 1] * statistics.stdev(d) / math.sqrt(len(d))
+    assert rows["SAO above GRPO"][3] == R.fmt_ci(statistics.mean(d), half)
+    verdict = "reproduced" if statistics.mean(d) - half > 0 else "opposite" if statistics.mean(d) + half < 0 else "not resolved"
+    assert rows["SAO above GRPO"][4] == verdict
+    def heldout_first(s, k):
+        ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
+        return next(m["eval/acc"] for m in ms if "eval/acc" in m)
+    drop = [heldout_first("grpo", k) - heldout_end("grpo", k) for k in SEEDS]
+    assert rows["GRPO collapses"][3] == R.fmt_ci(statistics.mean(drop), T975[1] * statistics.stdev(drop) / math.sqrt(2))
+    assert "GRPO collapses" in rows
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--sweeps", str(tmp_path / "nothing")]) == 1
