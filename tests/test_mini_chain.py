@@ -67,7 +67,8 @@ def test_chain_sft_rows_are_consistent():
     for row, m in zip(tokens.tolist(), mask):
         prompt = "".join(tok.itos[i] for i in row[:P] if i > 1)
         resp = tok.decode_response(row[P:])
-        assert resp is not None and int(m.sum()) == len(resp) + 1
+        assert resp is not None
+        assert m.nonzero().squeeze(1).tolist() == list(range(P - 1, P + len(resp)))  # targets: response and <eos>
         truth = left_to_right(prompt.rstrip("="))
         if "=" in resp:  # the noiseless scratchpad's every step is right
             for step in resp.split(","):
@@ -77,6 +78,27 @@ def test_chain_sft_rows_are_consistent():
             n_direct += 1
         assert int(resp.rsplit("=", 1)[-1]) == truth
     assert 60 < n_direct < 140  # direct_frac = 0.5
+
+
+@pytest.mark.parametrize("ops,slip", [("+", 10), ("-", -10)])
+def test_worst_warm_start_slips_fit(ops, slip):
+    "Largest operands and a slip of 10 away from zero at every step: the longest noisy scratchpad still fits."
+    cfg = TaskConfig(family="chain", ops=ops, difficulty=2, min_terms=6, max_terms=6)
+    terms, rs, r = [99] * 6, [], 99
+    for _ in range(5):
+        r = (r + 99 if ops == "+" else r - 99) + slip
+        rs.append(r)
+    text = scratchpad(terms, ops * 5, 2, rs)
+    assert text.endswith("=644" if ops == "+" else "=-446")  # 99 + 5 x 109, 99 - 5 x 109
+    assert len(text) <= max_answer_len(cfg)
+
+
+def test_noisy_warm_start_rows_fit():
+    "Slips of +-10 at every step still fit the row (and the model's positions)."
+    cfg = TaskConfig(family="chain", ops="+", difficulty=1, min_terms=6, max_terms=6)
+    tokens, mask = chain_sft_batch(cfg, task_tokenizer(cfg), 300, np.random.default_rng(1), 0.9)
+    assert tokens.shape[1] == chain_prompt_len(cfg) + max_answer_len(cfg) + 1
+    assert bool((tokens == task_tokenizer(cfg).eos_id).any(1).all())  # no row lost its <eos>
 
 
 def test_kv_cache_decoding_matches_recompute():
