@@ -23,6 +23,7 @@ BENCHES: dict[str, str] = {
     "mini": "sao_repro.mini.cli:bench_mini",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
+    "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal",
 }
 
 def timeit(fn, repeat:int=5, warmup:int=1) -> float:

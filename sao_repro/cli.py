@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "areal-config": ("sao_repro.launch:areal_config_main", "print a fully resolved AReaL 1.0.4 config as YAML"),
     "launch": ("sao_repro.launch:launch_main", "launch one AReaL experiment: preflight, reward workers, train (--dry-run)"),
     "preflight": ("sao_repro.launch:preflight_main", "check the GPUs for ghost memory before a launch"),
+    "rehearse": ("sao_repro.areal.rehearse:rehearse_main", "rehearse the cluster run on this CPU: AReaL's own trainer, every setting, a tiny model"),
+    "cpu-server": ("sao_repro.areal.cpu_server:cpu_server_main", "serve a model on the CPU with the endpoints AReaL's vLLM client calls"),
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
     "docs": ("sao_repro.report:docs_main", "build the docs site offline, or write/check _quarto.yml"),

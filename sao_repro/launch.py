@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'SETTING_CONFIGS', 'GPU', 'classify_gpus',
-           'preflight_report', 'run_preflight', 'preflight_main', 'Step', 'launch_plan', 'execute_plan',
-           'areal_config_main', 'repo_dir', 'is_finished', 'launch_one', 'summary_table', 'launch_parser',
-           'launch_main', 'setting_config', 'launch_setting']
+__all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'REHEARSAL_ENV', 'SETTING_CONFIGS', 'GPU',
+           'classify_gpus', 'preflight_report', 'run_preflight', 'preflight_main', 'Step', 'launch_plan',
+           'execute_plan', 'rehearsal_plan', 'areal_config_main', 'repo_dir', 'is_finished', 'launch_one',
+           'summary_table', 'launch_parser', 'launch_main', 'setting_config', 'launch_setting']
 
 # %% ../nbs/41_launch.ipynb #7c4fdf32
 GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader,nounits"]
@@ -132,6 +132,7 @@ def launch_plan(
     scripts_dir:str="scripts", # where preflight_gpus.sh lives
     preflight:bool=True, # include the GPU preflight
     threshold_mib:float=1024, # preflight ghost threshold
+    train_cmd:list|None=None, # the training command (default: python -m sao_repro.areal.train --config CONFIG ...)
 ) -> list[Step]:
     "The ordered steps of one launch."
     steps = []
@@ -142,7 +143,7 @@ def launch_plan(
     if ray_rewards:
         steps.append(Step("reward-up", ["sao-repro", "reward-workers", "start", "--workers", str(reward_workers),
                                         "--timeout-s", f"{reward_timeout_s:g}"], when="reward.backend: ray"))
-    steps.append(Step("train", [python, "-m", "sao_repro.areal.train", "--config", str(config), *overrides]))
+    steps.append(Step("train", train_cmd or [python, "-m", "sao_repro.areal.train", "--config", str(config), *overrides]))
     if ray_rewards:
         steps.append(Step("reward-down", ["sao-repro", "reward-workers", "stop"], always=True, when="reward.backend: ray"))
     steps.append(Step("ray-down", ["ray", "stop"], always=True, when="only if ray-up started Ray"))
@@ -184,6 +185,22 @@ def execute_plan(
             rc = rc or code
     return rc, records
 
+# %% ../nbs/41_launch.ipynb #0fbc1bd4
+REHEARSAL_ENV = "CPU_REHEARSAL"
+
+def rehearsal_plan(
+    cfg, # the loaded cluster config (its setting, seed and reward section)
+    config:str, # its file
+    out:str="runs_rehearsal", # rehearsal runs root
+    steps:int|None=None, # training steps (None: the rehearsal's default)
+    python:str=sys.executable,
+) -> list[Step]:
+    "The cluster launch's steps with the GPU preflight skipped and `sao-repro rehearse` as the training step."
+    cmd = [python, "-m", "sao_repro.cli", "rehearse", "--setting", cfg.sao.setting, "--seed", str(cfg.seed),
+           "--out", str(out), "--overwrite", *(["--steps", str(steps)] if steps else [])]
+    plan = [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")]
+    return plan + launch_plan(config, [], cfg.reward.backend, 1, cfg.reward.timeout_s, preflight=False, train_cmd=cmd)
+
 # %% ../nbs/41_launch.ipynb #acbd7611
 def _split_args(items:list[str]) -> tuple[list[str], list[str]]:
     "Positional arguments into (config files, key=value overrides)."
@@ -222,24 +239,28 @@ def is_finished(run_dir:str|Path) -> bool:
 
 def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight:bool=True, threshold_mib:float=1024,
                dotenv:str=".env", skip_finished:bool=False, run=subprocess.run, out=sys.stdout,
-               scripts_dir:str|None=None) -> dict:
+               scripts_dir:str|None=None, cpu_rehearsal:bool=False, rehearsal_out:str="runs_rehearsal") -> dict:
     "Load one config, build its plan and execute it; returns a summary record."
     from sao_repro.areal.config import load_sao_config, config_env
     _, missing = config_env(dotenv)
-    if missing and not dry_run:
+    if missing and not dry_run and not cpu_rehearsal:
         msg = f"unset {', '.join(missing)}: set them in the environment or .env (see .env.example)"
         print(f"sao-repro launch: {config}: {msg}", file=sys.stderr)
         return {"config": config, "status": "error", "returncode": 2, "error": msg}
-    cfg = load_sao_config(config, overrides, dotenv=dotenv, placeholders=dry_run)
+    cfg = load_sao_config(config, overrides, dotenv=dotenv, placeholders=dry_run or cpu_rehearsal)
     rec = {"config": config, "setting": cfg.sao.setting, "seed": cfg.seed, "run_dir": cfg.sao.run_dir}
     if missing:
         print(f"# note: unset {', '.join(missing)}: shown as <unset:NAME>", file=out)
     if skip_finished and is_finished(cfg.sao.run_dir):
         print(f"{config}: finished already ({cfg.sao.run_dir}); skipping", file=out)
         return {**rec, "status": "skipped", "returncode": 0}
-    scripts = scripts_dir or str(repo_dir() / "scripts")
-    plan = launch_plan(config, overrides, cfg.reward.backend, cfg.reward.workers, cfg.reward.timeout_s,
-                       scripts_dir=scripts, preflight=preflight, threshold_mib=threshold_mib)
+    if cpu_rehearsal:
+        plan = rehearsal_plan(cfg, config, rehearsal_out)
+        rec["run_dir"] = str(Path(rehearsal_out) / "areal" / cfg.sao.setting / f"seed{cfg.seed}")
+    else:
+        scripts = scripts_dir or str(repo_dir() / "scripts")
+        plan = launch_plan(config, overrides, cfg.reward.backend, cfg.reward.workers, cfg.reward.timeout_s,
+                           scripts_dir=scripts, preflight=preflight, threshold_mib=threshold_mib)
     print(f"== {config} (setting {cfg.sao.setting}, seed {cfg.seed}) -> {cfg.sao.run_dir}", file=out)
     rc, steps = execute_plan(plan, dry_run=dry_run, run=run, out=out)
     return {**rec, "status": "dry-run" if dry_run else ("ok" if rc == 0 else "failed"), "returncode": rc, "steps": steps}
@@ -262,6 +283,9 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-preflight", action="store_true", help="skip the GPU preflight (not recommended)")
     p.add_argument("--threshold-mib", type=float, default=1024, help="preflight: ghost-memory threshold in MiB (default 1024)")
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
+    p.add_argument("--cpu-rehearsal", action="store_true", default=os.environ.get(REHEARSAL_ENV) == "1",
+                   help="rehearse on this CPU: the same steps, preflight skipped, `sao-repro rehearse` as the training step (also CPU_REHEARSAL=1)")
+    p.add_argument("--rehearsal-out", default="runs_rehearsal", help="runs root of --cpu-rehearsal (default runs_rehearsal)")
     p.add_argument("--summary-json", default=None, help="also write the summary records to this JSON file")
     return p
 
@@ -276,7 +300,8 @@ def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
     for c in configs:
         try:
             r = launch_one(c, overrides, dry_run=a.dry_run, preflight=not a.no_preflight, threshold_mib=a.threshold_mib,
-                           dotenv=a.dotenv, skip_finished=a.skip_finished, run=run, out=out)
+                           dotenv=a.dotenv, skip_finished=a.skip_finished, run=run, out=out,
+                           cpu_rehearsal=a.cpu_rehearsal, rehearsal_out=a.rehearsal_out)
         except (ValueError, FileNotFoundError) as e:
             print(f"sao-repro launch: {c}: {e}", file=sys.stderr)
             r = {"config": c, "status": "error", "returncode": 2, "error": str(e)}

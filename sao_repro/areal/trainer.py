@@ -6,7 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal_trainer.html.md"""
 
 # %% auto #0
 __all__ = ['SAO_STATE_FILE', 'SAOPPOActor', 'SAOPPOCritic', 'explained_variance', 'save_sao_state', 'load_sao_state',
-           'SAOPPOTrainer', 'append_metrics', 'log_event']
+           'SAOPPOTrainer', 'append_metrics', 'trim_metrics', 'log_event']
 
 # %% ../../nbs/43_areal_trainer.ipynb #9344d1e8
 import json
@@ -103,6 +103,8 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
     data["returns"] = ret
     data["kl_rewards"] = kl_rewards
     data["tot_rewards"] = rewards
+    if isinstance(self.reward_norm, RunningMeanRewardNorm):  # the baseline's state, so a resumed run shows it continuing
+        stats_tracker.scalar(**{"adv/baseline": self.reward_norm.mean, "adv/baseline_count": float(self.reward_norm.baseline.count)})
     return data
 
 SAOPPOActor._compute_advantages = _compute_advantages
@@ -191,8 +193,23 @@ def _build_engine(self, cls, cfg, alloc):
     eng.create_process_group(parallel_strategy=alloc.parallel)
     return eng
 
+def _rank0() -> bool:
+    return int(os.getenv("RANK", "0")) == 0
+
 class SAOPPOTrainer(PPOTrainer):
-    "AReaL 1.0.4's PPOTrainer building SAO engines for the actor and the critic."
+    """AReaL 1.0.4's PPOTrainer building SAO engines for the actor and the critic, writing `metrics.jsonl`
+    (steps 1..N) and saving each recover checkpoint after its step's metrics, so a resumed run logs every step once."""
+    def __init__(self, config, *args, **kwargs):
+        self._pending_recover = None
+        super().__init__(config, *args, **kwargs)
+        info = getattr(self, "recover_info", None)
+        if _rank0() and config.recover.mode not in ("disabled", "off"):
+            # steps after the checkpoint (all of them, without one) are recomputed: their old lines go
+            done = 0 if info is None else int(info.last_step_info.global_step) + 1
+            dropped = trim_metrics(config.sao.run_dir, done)
+            if info is not None or dropped:
+                log_event(config.sao.run_dir, "resume" if info is not None else "restart", step=done, dropped_lines=dropped)
+
     def _create_train_engine(self, actor_config, alloc):
         if actor_config is not self.config.actor:  # the reference model or a teacher: AReaL's own
             return super()._create_train_engine(actor_config, alloc)
@@ -200,6 +217,23 @@ class SAOPPOTrainer(PPOTrainer):
 
     def _create_critic(self, critic_config, alloc):
         return _build_engine(self, _engine_for("critic", alloc), with_sao(critic_config, self.config.sao), alloc)
+
+    def _init_rollout(self, rollout_config, is_eval:bool=False, lora_path:str|None=None):
+        "AReaL's rollout set-up, with `sao.rollout_engine` (if set) as the vLLM client class."
+        path = self.config.sao.rollout_engine
+        if not path or self.rollout_alloc.backend != "vllm":
+            return super()._init_rollout(rollout_config, is_eval, lora_path)
+        import importlib
+        import areal.trainer.rl_trainer as rt
+        mod, _, name = path.rpartition(".")
+        saved, rt.RemotevLLMEngine = rt.RemotevLLMEngine, getattr(importlib.import_module(mod), name)
+        try:
+            return super()._init_rollout(rollout_config, is_eval, lora_path)
+        finally:
+            rt.RemotevLLMEngine = saved
+
+    def _save_recover_checkpoint(self, epoch:int, epoch_step:int, global_step:int):
+        self._pending_recover = (epoch, epoch_step, global_step)  # taken once the step's metrics are written
 
     def _export_and_commit_stats(self, epoch:int, epoch_step:int, global_step:int):
         stats = self.actor.export_stats()
@@ -209,16 +243,19 @@ class SAOPPOTrainer(PPOTrainer):
         if self.eval_rollout is not None:
             stats.update(self.eval_rollout.export_stats())
         self.stats_logger.commit(epoch, epoch_step, global_step, stats)
-        if int(os.getenv("RANK", "0")) == 0:
-            append_metrics(self.config.sao.run_dir, global_step, stats)
+        if _rank0():
+            append_metrics(self.config.sao.run_dir, global_step + 1, stats)
         if not is_single_controller():
             from areal.infra import current_platform
             dist.barrier(group=self.actor.cpu_group)
             current_platform.synchronize()
+        pending, self._pending_recover = getattr(self, "_pending_recover", None), None
+        if pending is not None:
+            PPOTrainer._save_recover_checkpoint(self, *pending)
 
 # %% ../../nbs/43_areal_trainer.ipynb #6b6fd2a6
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
-    "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names."
+    "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names (`step` counts from 1)."
     if not run_dir:
         return None
     from sao_repro.metrics import areal_to_metrics
@@ -227,6 +264,25 @@ def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
     with open(Path(run_dir) / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row, default=float) + "\n")
     return row
+
+def trim_metrics(run_dir:str, last_step:int) -> int:
+    "Drop the lines of `<run_dir>/metrics.jsonl` after `last_step` (and any torn line); returns how many were dropped."
+    f = Path(run_dir or "") / "metrics.jsonl"
+    if not run_dir or not f.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in f.read_text().splitlines():
+        try:
+            ok = int(json.loads(line)["step"]) <= last_step
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        keep.append(line) if ok else None
+        dropped += not ok
+    if dropped:
+        tmp = f.with_name(f".{f.name}.tmp")
+        tmp.write_text("".join(l + "\n" for l in keep))
+        os.replace(tmp, f)
+    return dropped
 
 def log_event(run_dir:str, event:str, **details) -> str|None:
     "Append `ISO-time<TAB>EVENT<TAB>json` to `<run_dir>/events.log`."

@@ -1,0 +1,240 @@
+"""The cluster path on a CPU: `sao-repro rehearse` drives AReaL 1.0.4's own PPOTrainer through
+`python -m sao_repro.areal.train` for every setting, and the mechanics are read back from the runs' own logs."""
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sao_repro.areal import rehearse as R
+from sao_repro.settings import get_setting, list_settings
+
+needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
+CLI = [sys.executable, "-m", "sao_repro.cli", "rehearse"]
+
+
+def cli(*args, **kw):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, **kw)
+
+
+def rows(run_dir):
+    return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def events(run_dir):
+    return [l.split("\t")[1] for l in (Path(run_dir) / "events.log").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- bad input: exit 2, nothing written
+
+def test_unknown_setting_is_refused(tmp_path):
+    p = cli("--setting", "ppo", "--out", str(tmp_path))
+    assert p.returncode == 2 and "use one of sao, grpo" in p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_busy_port_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        p = cli("--setting", "sao", "--port", str(s.getsockname()[1]), "--out", str(tmp_path))
+    assert p.returncode == 2 and "already in use" in p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_dependency_names_the_install(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(R.AREAL_CPU_DEPS, "sao_repro_no_such_module", "no-such-package==1.0")
+    with pytest.raises(SystemExit) as e:
+        R.rehearse_main(["--setting", "sao", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no-such-package==1.0" in err and "install_dev.sh" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    d = tmp_path / "areal" / "grpo" / "seed1"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text('{"step": 1}\n')
+    p = cli("--setting", "grpo", "--out", str(tmp_path))
+    assert p.returncode == 2 and "--resume" in p.stderr and "--overwrite" in p.stderr
+    assert (d / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+# ---------------------------------------------------------------- the five settings through AReaL's trainer
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory):
+    "All five settings for 3 steps, then sao resumed to 12 (past its 10 warmup steps)."
+    out = tmp_path_factory.mktemp("rehearsal")
+    p = cli("--setting", "all", "--steps", "3", "--out", str(out))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    p = cli("--setting", "sao", "--steps", "12", "--out", str(out), "--resume")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out
+
+
+def run_dir(out, setting):
+    return out / "areal" / setting / "seed1"
+
+
+@needs_areal
+@pytest.mark.slow
+def test_every_setting_completes_with_equal_trajectories(rehearsed):
+    for s in list_settings():
+        d = run_dir(rehearsed, s)
+        cfg = json.loads((d / "config.json").read_text())
+        G = get_setting(s).group_size
+        assert cfg["gconfig"]["n_samples"] == G and cfg["train_dataset"]["batch_size"] * G == 16
+        assert cfg["rehearsal"]["logprob_noise"] == 1.0  # the engine mismatch is recorded
+        assert events(d)[-1] == "finish" and (d / "main.log").stat().st_size > 0
+        steps = [r["step"] for r in rows(d)]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) == (12 if s == "sao" else 3)
+        # AReaL's own count of the sequences the actor trained on: 16 trajectories per step in every setting
+        trained = [r["areal/ppo_actor/n_seqs"] for r in rows(d) if r["actor/warmup"] == 0.0]
+        assert trained == [16.0] * (2 if s == "sao" else 3), (s, trained)
+
+
+@needs_areal
+@pytest.mark.slow
+def test_sao_warmup_critic_passes_and_explained_variance(rehearsed):
+    rs = rows(run_dir(rehearsed, "sao"))
+    assert [r["actor/warmup"] for r in rs] == [1.0] * 10 + [0.0] * 2
+    assert all(math.isfinite(r["critic/explained_var"]) for r in rs)
+    for r in rs[10:]:  # after warmup the actor trains: the critic took K=2 passes over the same tokens
+        assert r["areal/ppo_critic/n_valid_tokens"] == 2 * r["areal/ppo_actor/n_valid_tokens"]
+    assert all("areal/ppo_actor/n_valid_tokens" not in r for r in rs[:10])  # no policy update during warmup
+    ev = events(run_dir(rehearsed, "sao"))
+    assert "resume" in ev and "one_sequence_per_microbatch" in ev  # sdpa: packing refused, and logged
+
+
+@needs_areal
+@pytest.mark.slow
+def test_dis_masks_exactly_what_areal_masked(rehearsed):
+    for s in ("sao", "grpo_dis", "single_dis"):
+        checked = 0
+        for r in rows(run_dir(rehearsed, s)):
+            if "areal/ppo_actor/update/unclipped_behave_tokens" not in r:
+                continue
+            theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
+            assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6), (s, r["step"])
+            checked += 1
+        assert checked >= 2, s
+    masked = [r["dis/masked_frac"] for s in ("grpo_dis", "single_dis") for r in rows(run_dir(rehearsed, s))]
+    assert max(masked) > 0.02  # the noisy engine gives DIS tokens to mask
+    assert all("dis/masked_frac" not in r for s in ("grpo", "running_mean") for r in rows(run_dir(rehearsed, s)))
+
+
+@needs_areal
+@pytest.mark.slow
+def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
+    from sao_repro.monitor import serve_in_thread
+    srv = serve_in_thread(str(rehearsed))
+    try:
+        runs = json.loads(urllib.request.urlopen(srv.url + "api/runs", timeout=30).read())
+    finally:
+        srv.shutdown()
+    runs = runs.get("runs", runs) if isinstance(runs, dict) else runs
+    assert len(runs) == 5
+    assert all(r["flags"]["finished"] for r in runs), runs
+    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "report", "--runs", str(rehearsed), "--out",
+                        str(tmp_path / "rep"), "--format", "html"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    html = next((tmp_path / "rep").rglob("*.html")).read_text()
+    assert all(s in html for s in list_settings())
+
+
+@needs_areal
+@pytest.mark.slow
+def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
+    "running_mean: kill -9 during step 3, resume: steps 1..4 once each, the baseline's count continues."
+    out = tmp_path / "r"
+    d = run_dir(out, "running_mean")
+    proc = subprocess.Popen([*CLI, "--setting", "running_mean", "--steps", "4", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        if (d / "metrics.jsonl").is_file() and len(rows(d)) >= 2:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    t0 = time.time()  # the trainer dies with the rehearsal: nothing goes on writing into the run
+    while subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 0 and time.time() - t0 < 20:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1
+    assert 2 <= len(rows(d)) < 4
+    p = cli("--setting", "running_mean", "--steps", "4", "--out", str(out), "--resume")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rs = rows(d)
+    assert [r["step"] for r in rs] == [1, 2, 3, 4]
+    assert [r["adv/baseline_count"] for r in rs] == [16.0, 32.0, 48.0, 64.0]
+    assert "resume" in events(d)
+
+
+# ---------------------------------------------------------------- what a cluster user would hit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@needs_areal
+def test_omegaconf_pinned_as_areal_pins_it():
+    import importlib.metadata as md
+    req = next(r for r in md.requires("areal") if r.replace(" ", "").startswith("omegaconf=="))
+    pin = req.split("==")[1].split(";")[0].strip()
+    assert md.version("omegaconf") == pin
+    assert f'"omegaconf=={pin}"' in (ROOT / "pyproject.toml").read_text()
+    assert f"omegaconf=={pin}" in (ROOT / "scripts" / "install_dev.sh").read_text()
+
+
+@needs_areal
+def test_yaml_scheduling_specs_load_and_take_reward_env(tmp_path):
+    "omegaconf 2.4.0 (final) turned these into tuples of dicts: 'dict' object has no attribute 'gpu'."
+    from sao_repro.areal.config import load_sao_config
+    from sao_repro.areal.train import _export_reward_env
+    ov = tmp_path / "ov.yaml"
+    ov.write_text("rollout:\n  scheduling_spec:\n    - gpu: 0\n      cpu: 2\n      cmd: python -m areal.infra.rpc.rpc_server\n"
+                  "      env_vars: {FOO: bar}\n")
+    cfg = load_sao_config(ROOT / "configs" / "phase2_hard_sao.yaml", [], dotenv=None, placeholders=True, overlays=[ov])
+    spec = cfg.rollout.scheduling_spec[0]
+    assert (spec.gpu, spec.cpu) == (0, 2)
+    _export_reward_env(cfg)
+    assert spec.env_vars["FOO"] == "bar" and spec.env_vars["SAO_REWARD_BACKEND"] == cfg.reward.backend
+
+
+@needs_areal
+def test_relaunch_clears_only_this_trials_name_records(tmp_path):
+    from areal.utils import name_resolve, names
+    from sao_repro.areal.config import load_sao_config
+    from sao_repro.areal.train import clear_trial_records
+    root = tmp_path / "nr"
+    cfg = load_sao_config(ROOT / "configs" / "phase2_hard_sao.yaml", [f"cluster.name_resolve.nfs_record_root={root}"],
+                          dotenv=None, placeholders=True)
+    name_resolve.reconfigure(cfg.cluster.name_resolve)
+    mine = names.update_weights_from_disk(cfg.experiment_name, cfg.trial_name, 0)
+    other = names.update_weights_from_disk(cfg.experiment_name, "grpo_s1", 0)
+    for n in (mine, other):  # left behind by earlier processes of both trials
+        name_resolve.add(n, "1", replace=True, delete_on_exit=False)
+    with pytest.raises(name_resolve.NameEntryExistsError):
+        name_resolve.add(mine, "2")  # what a relaunch in the same folder met
+    clear_trial_records(cfg)
+    name_resolve.add(mine, "2")  # the relaunch now registers
+    assert name_resolve.get(other) == "1"
+
+
+@needs_areal
+def test_overlay_is_composed_between_config_and_overrides():
+    from sao_repro.areal.config import load_sao_config
+    ov = ROOT / "configs" / "cpu_rehearsal.yaml"
+    cfg = load_sao_config(ROOT / "configs" / "phase2_hard_grpo.yaml", ["train_dataset.batch_size=2", "gconfig.max_new_tokens=7"],
+                          dotenv=None, placeholders=True, overlays=[ov])
+    assert cfg.cluster.n_gpus_per_node == 0 and cfg.actor.attn_impl == "sdpa"  # the overlay
+    assert cfg.gconfig.max_new_tokens == 7  # the override wins over the overlay
+    assert cfg.critic is None  # grpo has no critic: the overlay's critic section does not add one
+    assert cfg.actor.mb_spec.n_mbs == 16  # sdpa: one sequence per micro-batch
