@@ -208,7 +208,7 @@ def md_code(text) -> str:
 class RunInterrupted(Exception):
     "A run stopped at a step boundary by SIGINT / SIGTERM (its state is saved; continue with --resume)."
     def __init__(self, step:int, signame:str):
-        super().__init__(f"stopped by {signame} after step {step}")
+        super().__init__(f"stopped by {signame} after step {step}; its state is saved: continue it with --resume")
         self.step, self.signame = step, signame
 
 class GracefulStop:

@@ -1,0 +1,170 @@
+"""What a crash, a kill, a full disk, a careless option or a hostile name can do to a run, and what it cannot.
+
+Real processes and files throughout: runs killed by signals, logs with torn or garbage tails,
+truncated checkpoints, hostile folder names."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sao_repro.mini.cli import compare_main, execute_run, find_run_notebook, run_main
+from sao_repro.mini.train import (ConfigChangeError, RunExistsError, checkpoints, read_metrics, train_run)
+from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE_FLAGS = ["--preset", "smoke", "--difficulty", "1", "--traj-per-step", "16", "--eval-n", "32"]
+
+
+def events(d: Path) -> list[str]:
+    return [l.split("\t")[1] for l in (d / "events.log").read_text().splitlines() if l.count("\t") == 2]
+
+
+def snapshot(d: Path) -> dict:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def cli(*args, env=None) -> subprocess.Popen:
+    "`sao-repro ARGS` as a real process using this checkout."
+    e = {**os.environ, **(env or {})}
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.Popen([sys.executable, "-m", "sao_repro.cli", *map(str, args)], env=e, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# ---------------------------------------------------------------- 1. a run folder is never silently replaced
+def test_fresh_run_into_existing_folder_is_refused(tmp_path, capsys):
+    d = train_run(smoke_cfg("grpo", tmp_path, steps=2), log=None)
+    before = snapshot(d)
+    with pytest.raises(RunExistsError, match="--resume.*--overwrite"):
+        train_run(smoke_cfg("grpo", tmp_path, steps=2), log=None)
+    args = ["--setting", "grpo", "--out", str(tmp_path), "--steps", "2", *SMOKE_FLAGS]
+    assert run_main(args) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+    assert snapshot(d) == before  # nothing touched
+    assert run_main(args + ["--overwrite"]) == 0
+    assert events(d) == ["start", "checkpoint", "finish"]
+
+
+def test_run_notebook_refuses_existing_folder_before_executing(tmp_path):
+    d = train_run(smoke_cfg("grpo", tmp_path, steps=2), log=None)
+    (d / "run_setting.ipynb").write_text("{}")  # the executed copy of the earlier run
+    before = snapshot(d)
+    with pytest.raises(RunExistsError, match="--overwrite"):
+        execute_run(find_run_notebook(), "grpo", 0, 2, "mini", str(tmp_path), False, {})
+    assert snapshot(d) == before
+
+
+@pytest.mark.slow
+def test_compare_skips_finished_runs_and_refuses_nothing_silently(tmp_path, capsys):
+    args = ["--settings", "grpo", "--seeds", "1", "--steps", "2", "--smoke", "--out", str(tmp_path), "--jobs", "1"]
+    assert compare_main(args) == 0
+    d = tmp_path / "mini" / "grpo" / "seed0"
+    before = snapshot(d)
+    capsys.readouterr()
+    assert compare_main(args) == 0
+    assert "1 finished run(s) skipped" in capsys.readouterr().out
+    assert snapshot(d) == before
+
+
+# ---------------------------------------------------------------- 2. resume survives what a crash leaves
+def test_resume_after_torn_logs_and_corrupt_checkpoint_equals_uninterrupted(tmp_path):
+    full = train_run(smoke_cfg("grpo_dis", tmp_path / "a", steps=6, ckpt_every=2), log=None)
+    crash = smoke_cfg("grpo_dis", tmp_path / "b", steps=6, ckpt_every=2, debug_nan_step=5)
+    with pytest.raises(Exception):
+        train_run(crash, log=None)
+    d = crash.run_dir()
+    assert [p.name for p in checkpoints(d)] == ["step_000002.pt", "step_000004.pt"]
+    last = checkpoints(d)[-1]
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a checkpoint cut short by a full disk
+    with open(d / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 5, "acc": 0.5, "reward/me')  # a torn write
+    with open(d / "events.log", "ab") as f:
+        f.write(b"\x00\x00\xff garbage")
+    train_run(smoke_cfg("grpo_dis", tmp_path / "b", steps=6, ckpt_every=2), resume=True, log=None)
+    a, b = read_metrics(full), read_metrics(d)
+    assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]  # steps 3-4 recomputed and replaced, not duplicated
+    assert strip_perf(a) == strip_perf(b)
+    pa, pb = (torch.load(checkpoints(x)[-1], weights_only=False) for x in (full, d))
+    assert all(torch.equal(pa["policy"][k], pb["policy"][k]) for k in pa["policy"])
+    ev = events(d)
+    assert ev[ev.index("repair"):ev.index("resume") + 1] == ["repair", "checkpoint_unreadable", "resume"]
+    assert (d / "checkpoints" / "step_000004.pt.unreadable").exists()  # set aside, not deleted
+    resume = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if "\tresume\t" in l]
+    assert resume[-1]["step"] == 2
+
+
+def test_read_metrics_skips_garbage_and_absurd_steps(tmp_path):
+    lines = [b'{"step": 1, "acc": 0.5}', b'{"step": 1e30, "acc": 1}', b'{"step": -3}', b'{"step": NaN}', b"\xff\xfe",
+             b'[1, 2]', b'{"step": 2, "acc": 0.25}', b'{"step": 3, "a']
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines))
+    from collections import Counter
+    skipped = Counter()
+    assert [m["step"] for m in read_metrics(tmp_path, skipped)] == [1, 2]
+    assert skipped["bad_line"] == 6
+
+
+# ---------------------------------------------------------------- 3. --resume compares options
+def test_resume_with_changed_option_is_refused_or_recorded(tmp_path, capsys):
+    args = ["--setting", "single_dis", "--out", str(tmp_path), "--steps", "2", "--ckpt-every", "1", *SMOKE_FLAGS]
+    assert run_main(args) == 0
+    d = tmp_path / "mini" / "single_dis" / "seed0"
+    before = snapshot(d)
+    more = [a if a != "2" else "4" for a in args]
+    assert run_main(more + ["--resume", "--lr", "0.001", "--noise", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "lr 0.0001 -> 0.001" in err and "noise 1.0 -> 0.5" in err and "--allow-config-change" in err
+    assert snapshot(d) == before
+    assert run_main(more + ["--resume"]) == 0  # more steps is not a change of results
+    assert run_main([a if a != "4" else "6" for a in more] + ["--resume", "--lr", "0.001", "--allow-config-change"]) == 0
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["lr"] == 0.001 and cfg["changes"] == [{"step": 4, "key": "lr", "old": 0.0001, "new": 0.001}]
+    assert "config_change" in events(d)
+    with pytest.raises(ConfigChangeError, match="lr"):  # the next resume compares against the changed value
+        train_run(smoke_cfg("single_dis", tmp_path, steps=6, ckpt_every=1), resume=True, log=None)
+
+
+# ---------------------------------------------------------------- 9. Ctrl-C / SIGTERM and argument errors
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_at_a_step_boundary_and_names_resume(sig, tmp_path):
+    args = ["run", "--setting", "grpo", "--out", tmp_path, "--steps", "400", "--ckpt-every", "1000", "--eval-every", "1000",
+            *SMOKE_FLAGS]
+    proc = cli(*args)
+    m = tmp_path / "mini" / "grpo" / "seed0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while (not m.exists() or m.read_text().count("\n") < 2) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "--resume" in err
+    d = m.parent
+    ms = read_metrics(d)
+    ck = checkpoints(d)
+    assert ck[-1].name == f"step_{ms[-1]['step']:06d}.pt"  # nothing computed is lost
+    assert events(d)[-1] == "interrupted"
+    rec = json.loads((d / "events.log").read_text().splitlines()[-1].split("\t")[2])
+    assert rec["signal"] == signal.Signals(sig).name and rec["step"] == ms[-1]["step"]
+
+
+@pytest.mark.parametrize("bad", [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"],
+                                 ["--lag", "-2"], ["--eval-n", "0"]])
+def test_bad_numbers_exit_2_before_any_folder(bad, tmp_path, capsys):
+    assert run_main(["--setting", "sao", "--out", str(tmp_path / "o"), *bad]) == 2
+    err = capsys.readouterr().err
+    assert bad[0].lstrip("-").replace("-", "_") + "=" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad", [["--seeds", "0"], ["--jobs", "0"], ["--window", "0"], ["--steps", "-1"]])
+def test_compare_bad_counts_exit_2(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare_main(["--out", str(tmp_path / "o"), *bad])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
