@@ -271,3 +271,73 @@ def test_verify_raises_instead_of_scoring_when_no_pool_can_be_built(monkeypatch)
     monkeypatch.setenv("SAO_REWARD_TIMEOUT_S", "nan")  # a bad config: no pool can be built
     with pytest.raises(ValueError, match="timeout_s"):
         R.verify(r"$\boxed{1}$", "1")
+
+
+# ---------------------------------------------------------------- 8. metrics readers and the monitor
+def _write_metrics(path: Path, steps, acc=0.5):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"step": s, "acc": acc}) + "\n" for s in steps))
+
+
+def test_readers_skip_and_count_absurd_steps(tmp_path):
+    from sao_repro import report as R
+    from sao_repro.metrics import scan_runs
+    d = tmp_path / "mini" / "sao" / "seed0"
+    _write_metrics(d / "metrics.jsonl", [1, 2])
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1e30, "acc": 1}\n{"step": -5, "acc": 1}\n{"step": 2.5, "acc": 1}\n{"step": 3, "acc": 0.5}\n')
+    df, runs_df = R.load_runs(tmp_path)  # raised OverflowError before
+    assert sorted(df.step.unique()) == [1, 2, 3]
+    assert R.run_summary(df, runs_df, 2, 2).last_step.tolist() == [3]
+    assert scan_runs(tmp_path)[0]["skipped"]["bad_step"] == 3
+
+
+def test_monitor_rereads_a_file_truncated_or_replaced_in_place(tmp_path):
+    from sao_repro.metrics import RunStore
+    m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
+    _write_metrics(m, range(1, 41))
+    store = RunStore(tmp_path, follow_symlinks=False)
+    r = store.refresh()["mini/sao/seed0"]
+    assert len(r.steps) == 40
+    with open(m, "r+") as f:  # truncated in place, then a new run writes two steps
+        f.truncate(0)
+        f.write(json.dumps({"step": 1, "acc": 0.9}) + "\n" + json.dumps({"step": 2, "acc": 0.9}) + "\n")
+    store.refresh()
+    assert sorted(r.steps) == [1, 2] and r.steps[1]["acc"] == 0.9
+    new = m.with_name("new.jsonl")  # replaced by another, longer file
+    new.write_text("".join(json.dumps({"step": s, "acc": 0.1, "run": "b"}) + "\n" for s in range(1, 61)))
+    os.replace(new, m)
+    store.refresh()
+    assert sorted(r.steps) == list(range(1, 61)) and r.steps[1]["acc"] == 0.1
+
+
+def test_monitor_holds_a_bounded_downsampled_history(tmp_path):
+    from sao_repro.metrics import RunStore
+    m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
+    _write_metrics(m, range(1, 20_001))
+    r = RunStore(tmp_path, max_steps=1000).refresh()["mini/sao/seed0"]
+    assert len(r.steps) <= 1000 and min(r.steps) == 1 and max(r.steps) == 20_000
+    assert list(range(19_600, 20_001)) == sorted(r.steps)[-401:]  # the recent steps are all there
+
+
+def test_monitor_closes_idle_and_half_open_connections(tmp_path):
+    import socket
+    from sao_repro.monitor import serve_in_thread
+    srv = serve_in_thread(tmp_path, port=0)
+    srv.idle_timeout = 0.5
+    try:
+        host, port = srv.server_address[:2]
+        socks = [socket.create_connection((host, port), timeout=60) for _ in range(20)]
+        for i, s in enumerate(socks):
+            if i % 2:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a request, never finished
+        assert all(s.recv(65536) == b"" for s in socks[::2])  # the server hung up on the silent ones
+        for s in socks[1::2]:
+            data = s.recv(65536)
+            while data:  # possibly a 408 or nothing; then the close
+                data = s.recv(65536)
+        for s in socks:
+            s.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
