@@ -22,7 +22,7 @@ import yaml
 # %% auto #0
 __all__ = ['MAX_STEP', 'MAX_CONFIG_BYTES', 'MAX_ALIASES', 'MAX_INTERP_CHARS', 'MAX_INTERP_DEPTH', 'check_number', 'check_timeout',
            'valid_step', 'parse_record', 'write_atomic', 'repair_lines', 'event_line_ok', 'load_yaml_bounded',
-           'check_interpolations', 'md_text', 'md_code', 'RunInterrupted', 'GracefulStop', 'replace_dir']
+           'check_interpolations', 'md_text', 'md_code', 'html_id', 'RunInterrupted', 'GracefulStop', 'replace_dir']
 
 # %% ../nbs/02_guards.ipynb #527a9c89
 def check_number(name:str, # option name, as the user writes it
@@ -194,7 +194,7 @@ def check_interpolations(cfg, # a parsed config (nested dicts / lists)
         size(k, 0)
 
 # %% ../nbs/02_guards.ipynb #3f721523
-_PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./-,:=+@%")
+_PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./-,:=+@%_")
 
 def md_text(text) -> str:
     "`text` with every character Markdown or HTML could act on written as a character reference."
@@ -203,6 +203,10 @@ def md_text(text) -> str:
 def md_code(text) -> str:
     "`text` as an inline code element, safe in Markdown and HTML whatever it contains."
     return f"<code>{md_text(text)}</code>"
+
+def html_id(text) -> str:
+    "`text` as an HTML id / class token: letters, digits, `-` and `_` only."
+    return re.sub(r"[^A-Za-z0-9_-]", "_", str(text))
 
 # %% ../nbs/02_guards.ipynb #e049940b
 class RunInterrupted(Exception):

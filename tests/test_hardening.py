@@ -341,3 +341,38 @@ def test_monitor_closes_idle_and_half_open_connections(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ---------------------------------------------------------------- 5. hostile names and values in the report
+EVIL = "x` <img src=x onerror=alert(1)> `<script>alert(2)</script>"
+
+
+@pytest.mark.slow
+def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
+    from html.parser import HTMLParser
+    from sao_repro import report as R
+    runs = tmp_path / "runs"
+    for setting in ("sao", EVIL.replace("/", "_")):
+        d = runs / "mini" / setting / f"seed0{EVIL.replace('/', '_')}"
+        _write_metrics(d / "metrics.jsonl", range(1, 9))
+        (d / "config.json").write_text(json.dumps({"setting": setting, "seed": 0, "backend": "mini", "ops": EVIL,
+                                                   "difficulty": EVIL, "lag": EVIL, "traj_per_step": 16}))
+    (runs / "mini" / "summary.md").write_text(f"`sao-repro compare --out {EVIL}`\n")
+    out = tmp_path / f"report{EVIL.replace('/', '_')}"
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", "html", "--engine", "nbconvert"]) == 0
+    page = next(out.glob("*.html")).read_text()
+
+    class Tags(HTMLParser):
+        found = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found.append((tag, dict(attrs)))
+    Tags().feed(page)
+    handlers = [(t, k) for t, a in Tags.found for k in a if k.lower().startswith("on")]
+    assert handlers == []  # no inline event handler made it into the page
+    assert not [a for t, a in Tags.found if t == "img" and a.get("src") == "x"]
+    assert "alert(2)" not in [s for t, a in Tags.found if t == "script" for s in [a.get("src", "")]]
+    assert "<script>alert(2)</script>" not in page
+    csp = [a["content"] for t, a in Tags.found if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "script-src 'none'" in csp[0] and "default-src 'none'" in csp[0]
+    assert "alert(1)" in page  # the hostile text is shown, as text
