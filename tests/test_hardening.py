@@ -376,3 +376,47 @@ def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
     csp = [a["content"] for t, a in Tags.found if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
     assert csp and "script-src 'none'" in csp[0] and "default-src 'none'" in csp[0]
     assert "alert(1)" in page  # the hostile text is shown, as text
+
+
+# ---------------------------------------------------------------- 7. bounded config and sweep loading
+def _bad_configs(tmp_path: Path) -> dict:
+    base = (ROOT / "configs" / "phase2_hard_base.yaml").read_text()
+    (tmp_path / "phase2_hard_base.yaml").write_text(base)
+    head = "defaults:\n  - phase2_hard_base\n  - _self_\n"
+    chain = "".join(f"k{i}: \"" + ("${k%d}" % (i - 1) if i else "xxxxxxxx") * 2 + "\"\n" for i in range(40))
+    files = {"typo": head + "actr:\n  kl_ctl: 0.0\n", "chain": head + "sao:\n  setting: sao\n" + chain,
+             "type": head + "seed: not-a-number\n"}
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return {k: str(tmp_path / f"{k}.yaml") for k in files}
+
+
+def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
+    from sao_repro.launch import areal_config_main
+    bad = _bad_configs(tmp_path)
+    for name, words in (("typo", "did you mean actor"), ("chain", "would expand to more than"), ("type", "seed")):
+        assert areal_config_main([bad[name], "--dotenv", str(tmp_path / "none.env")]) == 2, name
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, (name, err)
+
+
+def test_launch_dry_run_reports_each_config_and_ends_with_a_summary(tmp_path, capsys):
+    from sao_repro.launch import launch_main
+    bad = _bad_configs(tmp_path)
+    good = str(ROOT / "configs" / "phase2_hard_sao.yaml")
+    rc = launch_main(["--dry-run", "--dotenv", str(tmp_path / "none.env"), bad["typo"], good, bad["chain"]],
+                     run=lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    out, err = capsys.readouterr()
+    assert rc == 2
+    summary = out[out.index("summary"):]
+    assert all(Path(f).name in summary for f in (bad["typo"], good, bad["chain"]))
+    assert summary.count("error") == 2 and "dry-run" in summary
+
+
+def test_billion_laughs_sweep_file_is_refused_before_it_expands(tmp_path, capsys):
+    from sao_repro.mini.sweep import sweep_main
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    (tmp_path / "lol.yaml").write_text("\n".join(lines + ["name: lol", "settings: [sao]", "seeds: 1", "steps: 1"]))
+    assert sweep_main([str(tmp_path / "lol.yaml"), "--out", str(tmp_path)]) == 2
+    assert "YAML aliases" in capsys.readouterr().err
