@@ -236,6 +236,8 @@ def load_sao_config(
             if missing and not placeholders:
                 raise ValueError(f"{str(e).splitlines()[0]}\nUnset environment variable(s): {', '.join(missing)}; "
                                  "set them (see .env.example) or pass placeholders=True") from None
+            if isinstance(e, ValueError) and not type(e).__module__.startswith("omegaconf"):
+                raise  # the setting checks: they already name the keys and the fix
             raise config_error(e, path) from None
     return obj
 
