@@ -7,8 +7,8 @@ Docs: https://sao-repro.github.io/sao-repro/data.html.md"""
 # %% auto #0
 __all__ = ['MATH_COLUMNS', 'HUB_DATASET', 'HARD_LEVELS', 'last_boxed', 'math_row_id', 'to_gsm8k_row', 'gold_from_answer',
            'parse_levels', 'level_number', 'PrepareError', 'hub_reachable', 'load_hub_splits', 'assign_split',
-           'load_local_splits', 'datasets_logging_off', 'make_math_fixture', 'write_atomic', 'sha256_bytes',
-           'convert_split', 'prepare_math', 'prepare_math_parser', 'prepare_math_main']
+           'load_local_splits', 'datasets_logging_off', 'make_math_fixture', 'sha256_bytes', 'convert_split',
+           'prepare_math', 'prepare_math_parser', 'prepare_math_main']
 
 # %% ../nbs/20_data.ipynb #05e7ba2a
 import argparse
@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import urllib.error
@@ -244,6 +245,18 @@ def _local_files(source: Path) -> list[tuple[Path, str]]:
         raise PrepareError(f"--source {source}: no .parquet/.json/.jsonl files found")
     return [(p, p.relative_to(source).as_posix()) for p in files]
 
+# %% ../nbs/20_data.ipynb #14ba0aec
+def _check_text_file(path: Path, fmt: str):
+    "An empty or non-UTF-8 source file fails with its name and the fix (before `datasets` reads it)."
+    if path.stat().st_size == 0:
+        raise PrepareError(f"{path}: empty file; remove it or point --source at the MATH files")
+    if fmt == "json":
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PrepareError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8, "
+                               "e.g. iconv -f <encoding> -t utf-8") from None
+
 # %% ../nbs/20_data.ipynb #d3c51a7a
 def _load_files(files: list[Path], where: str) -> list[dict]:
     "MATH rows of a list of files, read with `datasets` in a throw-away cache, in file order."
@@ -253,10 +266,12 @@ def _load_files(files: list[Path], where: str) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="sao-math-cache-") as cache:
         for path in files:
             fmt = _FORMATS[path.suffix.lower()]
+            _check_text_file(path, fmt)
             try:
                 ds = datasets.load_dataset(fmt, data_files=[str(path)], split="train", cache_dir=cache)
             except Exception as e:
-                raise PrepareError(f"{path}: cannot read as {fmt} ({type(e).__name__}: {e})") from e
+                cause = e.__cause__ or e.__context__ or e
+                raise PrepareError(f"{path}: cannot read as {fmt} ({type(cause).__name__}: {cause})") from e
             rows.extend(_rows_from_dataset(ds, str(path)))
     return rows
 
@@ -319,25 +334,7 @@ def make_math_fixture(
     return folder
 
 # %% ../nbs/20_data.ipynb #a0bb9b25
-def write_atomic(
-    path: str | Path,  # destination
-    data: bytes,  # full file content
-):
-    "Write `data` to a temp file next to `path`, fsync, then rename over `path`."
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from .guards import replace_dir, write_atomic  # noqa: F401 -- write_atomic: also sao_repro.data.write_atomic
 
 # %% ../nbs/20_data.ipynb #e5c4c2ca
 def sha256_bytes(data: bytes) -> str:
@@ -409,6 +406,30 @@ def _totals(stats) -> dict:
     tot["by_type"] = dict(sorted(tot["by_type"].items()))
     return tot
 
+# %% ../nbs/20_data.ipynb #33060ec3
+_OURS = ("manifest.json", "README.md")
+
+def _staging(output: Path) -> Path:
+    "A fresh staging folder beside `output` (after tidying what a killed earlier run left there)."
+    if output.exists() and not output.is_dir():
+        raise PrepareError(f"--output {output}: is a file; give a folder")
+    parent = output.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in sorted(parent.glob(f".{output.name}.old-*")):  # a kill between the two renames of replace_dir
+        if output.exists():
+            shutil.rmtree(old)
+        else:
+            os.rename(old, output)
+    for stale in parent.glob(f".{output.name}.prepare-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    foreign = sorted(q.name for q in output.iterdir() if q.suffix != ".jsonl" and q.name not in _OURS) if output.exists() else []
+    if foreign:
+        raise PrepareError(f"--output {output}: holds files prepare-math does not write ({', '.join(foreign[:5])}); "
+                           "the folder is replaced as a whole, so give an empty or new folder")
+    stage = parent / f".{output.name}.prepare-{os.getpid()}"
+    stage.mkdir()
+    return stage
+
 # %% ../nbs/20_data.ipynb #b0609fce
 def prepare_math(
     output: str | Path,  # output folder (created)
@@ -417,7 +438,7 @@ def prepare_math(
     splits: tuple[str, ...] = ("train", "test"),  # splits to write
     hub_timeout_s: float = 4.0,  # Hub reachability probe timeout
 ) -> dict:  # the manifest
-    "Load MATH, convert every split to the GSM8K-style schema, write `<split>.jsonl` + manifest.json atomically."
+    "Load MATH, convert every split to the GSM8K-style schema, write `<split>.jsonl` + manifest.json as one set."
     splits = list(splits)
     if not splits:
         raise PrepareError("--splits: give at least one split, e.g. train,test")
@@ -425,7 +446,17 @@ def prepare_math(
     if not raw:
         raise PrepareError(f"--source {source}: no rows for splits {splits}")
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
+    stage = _staging(output)
+    try:
+        manifest = _write_set(stage, raw, source, levels, splits)
+        replace_dir(stage, output)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+def _write_set(output: Path, raw: dict, source, levels, splits) -> dict:
+    "Every file of one prepared set into the folder `output`; returns the manifest."
     manifest = {"dataset": "MATH", "format": "gsm8k-style jsonl", "source": source if source == "hub" else str(source),
                 "hub_dataset": HUB_DATASET if source == "hub" else None,
                 "levels": sorted(levels) if levels is not None else "all", "splits": {}, "missing_splits": []}

@@ -15,10 +15,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 import pandas as pd
+from .guards import valid_step
 
 # %% auto #0
 __all__ = ['COLUMNS', 'METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'AREAL_LOGS', 'LOG_SUFFIXES', 'KNOWN_SETTINGS', 'MAX_LINE',
-           'CHUNK', 'COUNT_PAIRS', 'ANSI_RE', 'ROLE_RE', 'HEADER_RE', 'STEP_RE', 'STATS_RE', 'AREAL_MAP',
+           'CHUNK', 'HEAD_BYTES', 'COUNT_PAIRS', 'ANSI_RE', 'ROLE_RE', 'HEADER_RE', 'STEP_RE', 'STATS_RE', 'AREAL_MAP',
            'NAMESPACED_RE', 'OOM_RE', 'NAN_RE', 'TIMEOUT_RE', 'PROGRESS_RE', 'TRACEBACK', 'SNIFF_BYTES', 'RUN_MARKERS',
            'SEED_RE', 'SETTING_RE', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'LineTail', 'to_float', 'flatten',
            'online_accuracy', 'graded_count', 'add_derived', 'parse_metrics_line', 'clean_log_line', 'log_time',
@@ -84,6 +85,28 @@ class LineTail:
         if final and self.pending and not self.dropping:
             last, self.pending = self.pending, b""
             yield last, False
+
+# %% ../nbs/50_metrics.ipynb #d6dd1d0d
+HEAD_BYTES = 256
+
+def _replaced(self:LineTail) -> bool:
+    "True (and the tail rewound to the start) when the file was truncated or replaced in place since the last call."
+    try:
+        st = self.path.stat()
+        with open(self.path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:
+        return False
+    old, self._seen = getattr(self, "_seen", None), ((st.st_dev, st.st_ino), head)
+    if old is None or self.offset == 0:
+        return False
+    n = min(len(old[1]), len(head))
+    if st.st_size < self.offset or old[0] != self._seen[0] or old[1][:n] != head[:n]:
+        self.offset, self.pending, self.dropping, self.restarted = 0, b"", False, True
+        return True
+    return False
+
+LineTail.replaced = _replaced
 
 # %% ../nbs/50_metrics.ipynb #21e0fefd
 def to_float(v) -> float|None:
@@ -162,6 +185,12 @@ def parse_metrics_line(
     step = to_float(obj.get("step")) if isinstance(obj, dict) else None
     if step is None or not math.isfinite(step):
         skipped["no_step"] += 1
+        return None
+    if valid_step(step) is None:  # negative, fractional or absurd (1e30): not a step of any run
+        skipped["bad_step"] += 1
+        return None
+    if valid_step(step) is None:  # negative, fractional or absurd (1e30): not a step of any run
+        skipped["bad_step"] += 1
         return None
     values = {}
     flat = flatten(obj) if any(isinstance(v, dict) for v in obj.values()) else obj
@@ -501,6 +530,8 @@ class RunReader:
             self.nonfinite = True
         self.graded += graded_count(values) or 0.0
         self.steps.setdefault(step, {}).update(values)
+        if getattr(self, "max_steps", None) and len(self.steps) > self.max_steps:
+            self.thin_steps()
 
     def _log_files(self) -> list[Path]:
         try:
@@ -512,9 +543,20 @@ class RunReader:
             files = [p for p in files if p.name != "main.log"]
         return files
 
+# %% ../nbs/50_metrics.ipynb #e3c99dfe
+def _thin_steps(self:RunReader):
+    "Drop every other step of the older half, so a reader with `max_steps` holds a bounded, downsampled history."
+    old = sorted(self.steps)[: len(self.steps) // 2]
+    for s in old[1::2]:
+        del self.steps[s]
+
+RunReader.thin_steps = _thin_steps
+
 # %% ../nbs/50_metrics.ipynb #8f9f507e
 def _read_metrics(self:RunReader, src:Path, final:bool):
     tail = self._tail(src)
+    if tail.replaced():  # truncated or rewritten in place: its old steps are gone
+        self.steps, self.areal, self.nonfinite, self.graded = {}, None, False, 0.0
     if src.name == METRICS_FILE:
         for raw, complete in tail.read(final):
             if rec := parse_metrics_line(raw, self.skipped, complete):
@@ -653,9 +695,11 @@ class RunStore:
     def __init__(self,
                  root, # a runs tree, a run folder, or an AReaL logs folder
                  follow_symlinks:bool=True, # False: never read a symlinked file (the monitor: only files inside root)
+                 max_steps:int|None=None, # keep at most this many steps per run (older ones downsampled); None: all
                 ):
         self.root = Path(root)
         self.follow = follow_symlinks
+        self.max_steps = max_steps
         self.readers = {}
 
     def refresh(self, final:bool=False) -> dict:
@@ -663,6 +707,7 @@ class RunStore:
         for name, d in find_runs(self.root, self.follow):
             if name not in self.readers:
                 self.readers[name] = RunReader(d, name, self.follow)
+                self.readers[name].max_steps = self.max_steps
         for r in self.readers.values():
             r.update(final)
         return self.readers

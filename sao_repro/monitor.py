@@ -23,10 +23,10 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from .metrics import RunStore
 
 # %% auto #0
-__all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'CHARTS', 'PAGE', 'CSS', 'JS', 'STATIC',
-           'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'is_loopback', 'key_matches', 'host_header_ok', 'safe_path',
-           'finite_or_none', 'jsonable', 'thin', 'MonitorState', 'render_page', 'MonitorHandler', 'MonitorServer',
-           'make_server', 'serve_in_thread', 'monitor_parser', 'monitor_main']
+__all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'MAX_STEPS_PER_RUN', 'IDLE_TIMEOUT_S', 'CHARTS', 'PAGE',
+           'CSS', 'JS', 'STATIC', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'is_loopback', 'key_matches', 'host_header_ok',
+           'safe_path', 'finite_or_none', 'jsonable', 'thin', 'MonitorState', 'render_page', 'MonitorHandler',
+           'MonitorServer', 'make_server', 'serve_in_thread', 'monitor_parser', 'monitor_main']
 
 # %% ../nbs/51_monitor.ipynb #6a734bfd
 DEFAULT_PORT = 8790
@@ -93,6 +93,10 @@ def thin(n:int, max_points:int) -> list[int]:
     idx = list(range(0, n, k))
     return idx if idx[-1] == n - 1 else idx + [n - 1]
 
+# %% ../nbs/51_monitor.ipynb #a0c7e47e
+MAX_STEPS_PER_RUN = 20_000  # steps held per run; older ones are downsampled so memory does not grow with the log
+IDLE_TIMEOUT_S = 30.0  # an idle or half-open connection is closed after this many seconds
+
 # %% ../nbs/51_monitor.ipynb #3c59b97d
 class MonitorState:
     "Thread-safe access to the runs below the logs folder, re-read at most every `refresh_s` seconds."
@@ -101,7 +105,7 @@ class MonitorState:
         self.stall_minutes = stall_minutes
         self.refresh_s = refresh_s
         self.lock = threading.Lock()
-        self.store = RunStore(self.root, follow_symlinks=False)
+        self.store = RunStore(self.root, follow_symlinks=False, max_steps=MAX_STEPS_PER_RUN)
         self.last = -math.inf
 
     def refresh(self, force:bool=False):
@@ -113,7 +117,7 @@ class MonitorState:
     def rescan(self):
         "Admin: drop every cached reader and read all runs again from the start."
         with self.lock:
-            self.store = RunStore(self.root, follow_symlinks=False)
+            self.store = RunStore(self.root, follow_symlinks=False, max_steps=MAX_STEPS_PER_RUN)
             self.last = -math.inf
         self.refresh(force=True)
 
@@ -549,6 +553,17 @@ class MonitorServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}/"
+
+# %% ../nbs/51_monitor.ipynb #ea6faffb
+from socketserver import StreamRequestHandler
+
+def _setup(self:MonitorHandler):
+    "Each connection gets a socket timeout: a client that sends nothing for `server.idle_timeout` s is dropped."
+    self.timeout = self.server.idle_timeout
+    StreamRequestHandler.setup(self)
+
+MonitorHandler.setup = _setup
+MonitorServer.idle_timeout = IDLE_TIMEOUT_S
 
 # %% ../nbs/51_monitor.ipynb #66c60a45
 def make_server(

@@ -20,18 +20,19 @@ import tempfile
 from pathlib import Path
 import pandas as pd
 from .metrics import COLUMNS, collect_metrics, read_config, summarize_runs, smooth
+from .guards import html_id, md_code
 
 # %% auto #0
 __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'COLORS', 'REPORT_NB',
-           'REPORT_NAME', 'INPUT_FILES', 'OFFLINE_TEMPLATE', 'EXTRA_CSS', 'CHROMIUM_NAMES', 'CHROMIUM_FLAGS',
-           'DOC_SECTIONS', 'betainc_reg', 't_cdf', 't_quantile', 'mean_ci', 'reference_table', 'design_table',
-           'load_runs', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers', 'run_command', 'runs_commands',
-           'provenance', 'runs_using', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table', 'runs_fingerprint',
-           'find_report_notebook', 'execute_report', 'html_exporter', 'offline_violations', 'notebook_to_html',
-           'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png', 'image_stats', 'is_blank', 'write_numbers',
-           'sweep_result_files', 'render_report', 'report_parser', 'report_main', 'doc_notebooks', 'nbdev_site',
-           'nbdev_doc_path', 'quarto_config', 'write_quarto_yml', 'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb',
-           'build_docs', 'docs_main']
+           'REPORT_NAME', 'INPUT_FILES', 'OFFLINE_TEMPLATE', 'EXTRA_CSS', 'REPORT_CSP', 'CHROMIUM_NAMES',
+           'CHROMIUM_FLAGS', 'DOC_SECTIONS', 'betainc_reg', 't_cdf', 't_quantile', 'mean_ci', 'reference_table',
+           'design_table', 'load_runs', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers', 'run_command',
+           'runs_commands', 'provenance', 'runs_using', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table',
+           'runs_fingerprint', 'find_report_notebook', 'execute_report', 'html_exporter', 'with_csp',
+           'offline_violations', 'notebook_to_html', 'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png',
+           'image_stats', 'is_blank', 'write_numbers', 'sweep_result_files', 'render_report', 'report_parser',
+           'report_main', 'doc_notebooks', 'nbdev_site', 'nbdev_doc_path', 'quarto_config', 'write_quarto_yml',
+           'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb', 'build_docs', 'docs_main']
 
 # %% ../nbs/60_report.ipynb #81f035d3
 def _betacf(a:float, b:float, x:float) -> float:
@@ -272,9 +273,9 @@ def provenance(what:str, # e.g. "Figure 1" or "Table: numbers"
                made_by:str="", # the function that computed it
               ) -> str:
     "One markdown line naming the run folders and the commands behind a table or figure."
-    folders = ", ".join(f"`{Path(runs)/r}`" for r in run_names) or "(none)"
-    fn = f" by `{made_by}`" if made_by else ""
-    return f"*{what}* — run folders: {folders}. Made{fn} with `{report_cmd}`."
+    folders = ", ".join(md_code(Path(runs)/r) for r in run_names) or "(none)"
+    fn = f" by {md_code(made_by)}" if made_by else ""
+    return f"*{what}* — run folders: {folders}. Made{fn} with {md_code(report_cmd)}."
 
 # %% ../nbs/60_report.ipynb #762f3709
 def runs_using(runs_df:pd.DataFrame, # from `load_runs`
@@ -467,6 +468,17 @@ def html_exporter(exclude_input:bool=True):
     e.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove_cell"}, remove_input_tags={"remove_input"}), enabled=True)
     return e
 
+# %% ../nbs/60_report.ipynb #cbbe5fe3
+REPORT_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; script-src 'none'; "
+              "base-uri 'none'; form-action 'none'")
+
+def with_csp(page:str) -> str:
+    "The page with a Content-Security-Policy first in its head: no scripts, no inline event handlers, nothing fetched."
+    tag = f'<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">'
+    if re.search(r"<head[^>]*>", page, flags=re.I):
+        return re.sub(r"(<head[^>]*>)", lambda m: m.group(1) + tag, page, count=1, flags=re.I)
+    return tag + page
+
 # %% ../nbs/60_report.ipynb #88849980
 def offline_violations(html:str) -> list[str]:
     "The `<script src>` / `<link href>` / `<img src>` tags that load something over http(s)."
@@ -483,6 +495,7 @@ def notebook_to_html(nb_path:Path, html_path:Path, exclude_input:bool=True, nav:
     body, _ = html_exporter(exclude_input).from_notebook_node(nb, resources={"extra_css": EXTRA_CSS})
     if nav:
         body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
+    body = with_csp(body)
     bad = offline_violations(body)
     if bad:
         raise RuntimeError(f"{html_path}: HTML would load from the network: {bad[:3]}")
@@ -555,7 +568,7 @@ def _quarto_html(executed:Path, html:Path) -> Path:
         shutil.copy2(executed, src)
         subprocess.run(["quarto", "render", str(src), "--to", "html", "--no-execute", "-M", "embed-resources:true"],
                        check=True, cwd=td)
-        shutil.copy2(src.with_suffix(".html"), html)
+        html.write_text(with_csp(src.with_suffix(".html").read_text(encoding="utf-8")), encoding="utf-8")
     return html
 
 def _module_file() -> str:

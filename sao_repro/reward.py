@@ -7,7 +7,8 @@ Docs: https://sao-repro.github.io/sao-repro/reward.html.md"""
 # %% auto #0
 __all__ = ['MAX_ANSWER_CHARS', 'WARMUP_CASES', 'HOOK_PREFIX', 'clean_text', 'parse_answer', 'score', 'warm_up', 'score_in_worker',
            'LocalRewardPool', 'RewardConfig', 'RewardPool', 'reward_config_from_env', 'set_reward_env',
-           'get_reward_pool', 'close_reward_pool', 'verify', 'math_reward_fn', 'bench_items', 'bench_reward']
+           'get_reward_pool', 'close_reward_pool', 'verify', 'verify_stats', 'math_reward_fn', 'bench_items',
+           'bench_reward']
 
 # %% ../nbs/21_reward.ipynb #b0e404ff
 import functools
@@ -29,6 +30,7 @@ from fastcore.basics import patch
 
 from .data import gold_from_answer
 from .data import last_boxed
+from .guards import check_timeout
 
 # %% ../nbs/21_reward.ipynb #ba403d9f
 MAX_ANSWER_CHARS = 1000  # a boxed answer longer than this scores 0
@@ -235,10 +237,8 @@ class LocalRewardPool:
                  start_method: str = "fork", startup_timeout_s: float = 120.0, new_session: bool = True):
         if workers < 1:
             raise ValueError(f"reward.workers={workers}: need at least 1 worker")
-        if not timeout_s > 0:
-            raise ValueError(f"reward.timeout_s={timeout_s}: must be > 0 seconds")
         self.n_workers = workers
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = check_timeout(timeout_s, "reward.timeout_s")
         self.max_retries = max_retries
         self.test_hooks = _env_hooks() if test_hooks is None else bool(test_hooks)
         self.memory_mb = memory_mb
@@ -278,14 +278,15 @@ def _spawn(self: LocalRewardPool) -> _Worker:
 # %% ../nbs/21_reward.ipynb #3b2835ec
 @patch
 def submit(self: LocalRewardPool, completion, gold, timeout_s: float | None = None) -> Future:
-    "Queue one item; the future's result is its reward (0.0 on timeout)."
+    "Queue one item; the future's result is its reward (0.0 on timeout); a NaN, inf or <= 0 `timeout_s` raises."
+    timeout_s = self.timeout_s if timeout_s is None else check_timeout(timeout_s)
     fut = Future()
     with self._lock:
         if self._closed:
             raise RuntimeError("RewardPool is closed")
         if self._broken:
             raise RuntimeError(self._broken)
-        item = _Item(next(self._keys), clean_text(completion), clean_text(gold), float(timeout_s or self.timeout_s), fut)
+        item = _Item(next(self._keys), clean_text(completion), clean_text(gold), timeout_s, fut)
         self._queue.append(item)
         self._stats["reward/submitted"] += 1
     self._wake_w.send_bytes(b"x")
@@ -502,10 +503,8 @@ class RewardConfig:
             raise ValueError(f"reward.backend={self.backend!r}: use 'local' or 'ray'")
         if int(self.workers) < 1:
             raise ValueError(f"reward.workers={self.workers}: need at least 1")
-        if not float(self.timeout_s) > 0:
-            raise ValueError(f"reward.timeout_s={self.timeout_s}: must be > 0 seconds")
         self.workers = int(self.workers)
-        self.timeout_s = float(self.timeout_s)
+        self.timeout_s = check_timeout(self.timeout_s, "reward.timeout_s")
 
 # %% ../nbs/21_reward.ipynb #c9720a73
 class RewardPool:
@@ -552,7 +551,7 @@ class RewardPool:
         self.close()
 
 # %% ../nbs/21_reward.ipynb #a740720a
-_DEFAULT = {"pool": None, "pid": None}
+_DEFAULT = {"pool": None, "pid": None, "rebuilds": 0}
 _DEFAULT_LOCK = threading.Lock()
 
 
@@ -591,13 +590,37 @@ def close_reward_pool():
 def verify(
     completion,  # model output; its last \boxed{} is the answer
     gold,  # gold answer (bare, boxed, or "... #### answer")
-    timeout_s: float | None = None,  # hard limit (default: the pool's, 5 s)
-) -> float:  # 1.0 or 0.0; 0.0 for garbage and timeouts, never raises
+    timeout_s: float | None = None,  # hard limit (default: the pool's, 5 s); finite and > 0
+) -> float:  # 1.0 or 0.0; 0.0 for garbage and timeouts
     "math-verify on the last boxed answer, in a killable worker process with a hard timeout."
+    if timeout_s is not None:
+        check_timeout(timeout_s)
+    for attempt in (1, 2):
+        pool = get_reward_pool()
+        try:
+            return pool.submit(completion, gold, timeout_s).result()
+        except RuntimeError as e:  # the pool is broken or closed: it scored nothing
+            if attempt == 2:
+                raise RuntimeError(f"reward pool still broken after re-creating it: {e}") from e
+            _drop_pool(pool, e)
+
+
+def _drop_pool(pool, error):
+    "Forget a broken process-wide pool (the next call re-creates it); counted in `verify_stats`."
+    with _DEFAULT_LOCK:
+        if _DEFAULT["pool"] is pool:
+            _DEFAULT["pool"] = None
+        _DEFAULT["rebuilds"] += 1
+    logging.getLogger("sao_repro.reward").warning("reward pool broken (%s); re-creating it", error)
     try:
-        return get_reward_pool().submit(completion, gold, timeout_s).result()
-    except Exception:
-        return 0.0
+        pool.close()
+    except Exception:  # noqa: BLE001 -- a broken pool may fail to close; it is dropped either way
+        pass
+
+
+def verify_stats() -> dict:
+    "`reward/pool_rebuilds`: how often `verify` found the process-wide pool broken and re-created it."
+    return {"reward/pool_rebuilds": _DEFAULT["rebuilds"]}
 
 
 def math_reward_fn(prompt, completions, prompt_ids, completion_ids, **row) -> float:

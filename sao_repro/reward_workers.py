@@ -28,6 +28,7 @@ from fastcore.basics import patch
 from .reward import LocalRewardPool
 from .reward import _env_hooks
 from .reward import clean_text
+from .guards import check_timeout
 
 # %% ../nbs/22_reward_workers.ipynb #bc56f3e2
 NAMESPACE = "sao_repro"
@@ -136,7 +137,7 @@ class RayRewardPool:
             except ConnectionError as e:
                 raise RuntimeError(f"reward.backend=ray: no Ray cluster at {address!r} ({e}); start Ray and "
                                    "`sao-repro reward-workers start`, or use reward.backend=local") from e
-        self.n_workers, self.timeout_s = workers, float(timeout_s)
+        self.n_workers, self.timeout_s = workers, check_timeout(timeout_s, "reward.timeout_s")
         self.batch_size, self.inflight, self.max_retries = batch_size, inflight, max_retries
         self._mk = dict(timeout_s=self.timeout_s, test_hooks=_env_hooks() if test_hooks is None else bool(test_hooks),
                         memory_mb=memory_mb, resources=resources, avoid_head=avoid_head, num_cpus=num_cpus)
@@ -179,9 +180,10 @@ def _attach(self: RayRewardPool) -> bool:
 # %% ../nbs/22_reward_workers.ipynb #de6932ff
 @patch
 def submit(self: RayRewardPool, completion, gold, timeout_s: float | None = None) -> Future:
-    "Queue one item; its future's result is the reward."
+    "Queue one item; its future's result is the reward; a NaN, inf or <= 0 `timeout_s` raises."
+    timeout_s = self.timeout_s if timeout_s is None else check_timeout(timeout_s)
     fut = Future()
-    item = [next(self._keys), clean_text(completion), clean_text(gold), float(timeout_s or self.timeout_s), fut, 0]
+    item = [next(self._keys), clean_text(completion), clean_text(gold), timeout_s, fut, 0]
     with self._lock:
         if self._closed:
             raise RuntimeError("RewardPool is closed")

@@ -146,5 +146,5 @@ def test_cli_chain_flags_and_errors(tmp_path, capsys):
                      "--max-terms", "3", "--behav-dtype", "bfloat16"]) == 0
     assert json.loads((tmp_path / "mini/grpo/seed0/config.json").read_text())["max_terms"] == 3
     assert run_main(["--setting", "grpo", "--out", str(tmp_path / "x"), "--smoke", "--family", "chain",
-                     "--min-terms", "5", "--max-terms", "3"]) == 1
-    assert "min_terms" in capsys.readouterr().err
+                     "--min-terms", "5", "--max-terms", "3"]) == 2  # a bad option: exit 2, no folder made
+    assert "min_terms" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -6,10 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal_config.html.md"""
 
 # %% auto #0
 __all__ = ['logger', 'ENV_VARS', 'SAOSection', 'SAOConfig', 'SAOActorConfig', 'SAOCriticConfig', 'with_sao',
-           'one_sequence_per_microbatch', 'setting_mismatches', 'read_dotenv', 'config_env', 'merge_overlay',
-           'load_sao_config', 'config_dict', 'config_yaml']
+           'one_sequence_per_microbatch', 'setting_mismatches', 'read_dotenv', 'config_env', 'check_config_file',
+           'config_error', 'merge_overlay', 'load_sao_config', 'config_dict', 'config_yaml']
 
 # %% ../../nbs/42_areal_config.ipynb #482d7b96
+import difflib
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from .standins import install as _install_standins
 _install_standins()  # no-op where AReaL's full dependency set is installed
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
 from ..settings import get_setting, list_settings
+from ..guards import check_interpolations, load_yaml_bounded
 from ..reward import RewardConfig
 from .algo import areal_actor_keys
 
@@ -201,6 +203,33 @@ def config_env(
             env[k] = f"<unset:{k}>"
     return env, missing
 
+# %% ../../nbs/42_areal_config.ipynb #1b35e576
+def check_config_file(path:Path, overrides=()):
+    "A bounded parse of a config, the `defaults:` files beside it and the overrides; refuses runaway `${...}` chains."
+    d = load_yaml_bounded(path, "config")
+    d = d if isinstance(d, dict) else {}
+    merged = {}
+    for name in d.get("defaults") or []:
+        if isinstance(name, str) and name != "_self_" and (Path(path).parent / f"{name}.yaml").is_file():
+            base = load_yaml_bounded(Path(path).parent / f"{name}.yaml", "config")
+            merged.update(base if isinstance(base, dict) else {})
+    merged.update({k: v for k, v in d.items() if k != "defaults"})
+    for o in overrides:
+        k, _, v = str(o).partition("=")
+        merged[k.lstrip("+~")] = v
+    check_interpolations(merged, f"config {path}")
+
+def config_error(e:Exception, path) -> ValueError:
+    "Any error of loading a config as one message: an unknown key gets the nearest valid names."
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    key, typ = getattr(e, "full_key", None) or getattr(e, "key", None), getattr(e, "object_type", None)
+    if key and str(key) not in msg:
+        msg = f"{key}: {msg}"
+    if isinstance(e, KeyError) and key and is_dataclass(typ):
+        close = difflib.get_close_matches(str(key).split(".")[-1], [f.name for f in fields(typ)], n=3)
+        msg += f"; did you mean {' or '.join(close)}?" if close else f"; valid keys: {', '.join(f.name for f in fields(typ))}"
+    return ValueError(f"config {path}: {msg}")
+
 # %% ../../nbs/42_areal_config.ipynb #ecc6138c
 class _patched_environ:
     "Context manager: `os.environ` replaced by `env` (OmegaConf's oc.env reads os.environ), restored after."
@@ -224,7 +253,7 @@ def _read_overlay(path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"overlay file {str(path)!r} not found (e.g. configs/cpu_rehearsal.yaml)")
-    d = yaml.safe_load(p.read_text()) or {}
+    d = load_yaml_bounded(p, "overlay") or {}
     if not isinstance(d, dict):
         raise ValueError(f"overlay {str(path)!r}: expected a mapping of config keys, got {type(d).__name__}")
     return d
@@ -240,25 +269,27 @@ def load_sao_config(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found; the configs are in configs/ (e.g. configs/phase2_hard_sao.yaml)")
+    check_config_file(p, overrides)
     layers = [_read_overlay(o) for o in overlays]
     env, missing = config_env(dotenv, placeholders)
     with _patched_environ(env):
-        raw, _ = parse_cli_args(["--config", str(p.resolve()), *([] if layers else overrides)])
-        if layers:  # setting file < overlays < key=value overrides
-            for layer in layers:
-                raw = merge_overlay(raw, layer)
-            bad = [o for o in overrides if "=" not in o or o.startswith("~")]
-            if bad:
-                raise ValueError(f"override(s) {' '.join(bad)}: with an overlay, overrides are key=value")
-            raw = OmegaConf.merge(raw, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-        cfg = to_structured_cfg(raw, config_cls=SAOConfig)
         try:
-            obj = OmegaConf.to_object(cfg)
-        except Exception as e:
+            raw, _ = parse_cli_args(["--config", str(p.resolve()), *([] if layers else overrides)])
+            if layers:  # setting file < overlays < key=value overrides
+                for layer in layers:
+                    raw = merge_overlay(raw, layer)
+                bad = [o for o in overrides if "=" not in o or o.startswith("~")]
+                if bad:
+                    raise ValueError(f"override(s) {' '.join(bad)}: with an overlay, overrides are key=value")
+                raw = OmegaConf.merge(raw, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+            obj = OmegaConf.to_object(to_structured_cfg(raw, config_cls=SAOConfig))
+        except Exception as e:  # noqa: BLE001 -- every config error becomes one message (exit 2 in the CLI)
             if missing and not placeholders:
-                raise ValueError(f"{e}\nUnset environment variable(s): {', '.join(missing)}; set them "
-                                 "(see .env.example) or pass placeholders=True") from e
-            raise
+                raise ValueError(f"{str(e).splitlines()[0]}\nUnset environment variable(s): {', '.join(missing)}; "
+                                 "set them (see .env.example) or pass placeholders=True") from None
+            if isinstance(e, ValueError) and not type(e).__module__.startswith("omegaconf"):
+                raise  # the setting checks: they already name the keys and the fix
+            raise config_error(e, path) from None
     return obj
 
 # %% ../../nbs/42_areal_config.ipynb #235d1b19

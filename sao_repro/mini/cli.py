@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ..settings import list_settings
-from .train import BACKENDS, MiniRunConfig, NonFiniteError, read_metrics, train_run
+from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
+                                  check_fresh, read_metrics, train_run)
+from ..guards import RunInterrupted
 from ..report import fmt_ci, mean_ci as report_mean_ci
 
 # %% auto #0
@@ -78,6 +81,8 @@ def run_setting(setting: str, # setting name
                 overrides: dict | None = None, # further run options (MiniRunConfig fields)
                 resume: bool = False, # continue from the last checkpoint
                 log=print,
+                overwrite: bool = False, # a fresh run may replace a run already in the folder
+                allow_config_change: bool = False, # a resume may change options that change results (recorded)
                ) -> Path:
     "Run one setting x seed; returns its run folder."
     if backend not in BACKENDS:
@@ -86,7 +91,8 @@ def run_setting(setting: str, # setting name
         raise ValueError(f"unknown setting {setting!r}; valid settings: {', '.join(list_settings())}")
     if backend == "areal":
         return _run_areal(setting, seed, steps, out_dir, overrides or {})
-    return train_run(make_config(setting, seed, steps, backend, out_dir, smoke, overrides), resume=resume, log=log)
+    return train_run(make_config(setting, seed, steps, backend, out_dir, smoke, overrides), resume=resume, log=log,
+                     overwrite=overwrite, allow_config_change=allow_config_change)
 
 # %% ../../nbs/34_mini_cli.ipynb #545d2dde
 def plot_run(run_dir, smooth: int = 10):
@@ -156,17 +162,35 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--lag", type=int, default=None, help=f"behaviour-policy lag in steps (default {MiniRunConfig.lag})")
     p.add_argument("--out", default="runs", help="root of the run folders (default runs)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the run folder")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder (deletes it)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: allow options that differ from the checkpoint's (recorded as a change)")
     p.add_argument("--smoke", action="store_true", help="seconds-long run with a tiny model (for tests)")
     _add_field_flags(p, _RUN_FLAGS)
     return p
 
 # %% ../../nbs/34_mini_cli.ipynb #7c9254a6
 def run_main(argv: list[str] | None = None) -> int:
-    "`sao-repro run`: exit 0 on success, 3 when stopped by NaN/inf, 1 on another error, 2 on bad arguments."
+    "`sao-repro run`: exit 0 on success, 3 when stopped by NaN/inf, 130 when interrupted, 1 on another error, 2 on bad arguments."
     args = run_parser().parse_args(argv)
     ov = _overrides(args, _RUN_FLAGS + ("lag",))
+    try:  # argument errors exit 2 before any folder is made
+        if args.backend == "mini":
+            make_config(args.setting, args.seed, args.steps, args.backend, args.out, args.smoke, ov)
+    except ValueError as e:
+        print(f"sao-repro run: error: {e}", file=sys.stderr)
+        return 2
     try:
-        d = run_setting(args.setting, args.seed, args.steps, args.backend, args.out, args.smoke, ov, args.resume)
+        d = run_setting(args.setting, args.seed, args.steps, args.backend, args.out, args.smoke, ov, args.resume,
+                        overwrite=args.overwrite, allow_config_change=args.allow_config_change)
+    except (RunExistsError, ConfigChangeError) as e:
+        print(f"sao-repro run: error: {e}", file=sys.stderr)
+        return 2
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        again = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--overwrite", "--resume")]
+        print(f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
+              f"{shlex.join(again)} --resume", file=sys.stderr)
+        return 130
     except NonFiniteError as e:
         print(f"sao-repro run: stopped, non-finite loss or gradient: {e} (last good checkpoint kept)", file=sys.stderr)
         return 3
@@ -255,17 +279,21 @@ def _kernel_can_import_package():
         os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p])
 
 def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, backend: str, out: str,
-                smoke: bool, overrides: dict, resume: bool = False) -> Path:
+                smoke: bool, overrides: dict, resume: bool = False, overwrite: bool = False) -> Path:
     "Execute the run notebook for one (setting, seed); the executed copy lands in the run folder (`resume`: continue it)."
     import papermill as pm
     _kernel_can_import_package()
     out = Path(out).resolve()  # absolute paths only: runs execute side by side in threads of one process
     run_dir = out / backend / setting / f"seed{seed}"
+    if backend == "mini" and not resume:
+        check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
     run_dir.mkdir(parents=True, exist_ok=True)
     params = {"setting": setting, "seed": seed, "steps": steps if steps is not None else MiniRunConfig.steps,
               "backend": backend, "out_dir": str(out), "smoke": smoke, "overrides": overrides}
     if resume:
         params["resume"] = True
+    if overwrite:
+        params["overwrite"] = True
     pm.execute_notebook(str(Path(notebook).resolve()), str(run_dir / "run_setting.ipynb"), parameters=params,
                         kernel_name="python3", progress_bar=False)
     return run_dir
@@ -285,8 +313,29 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=50, help="start/end window in steps for the summary (default 50)")
     p.add_argument("--smoke", action="store_true", help="seconds-long runs with a tiny model (for tests)")
     p.add_argument("--notebook", default=None, help="run notebook (default experiments/run_setting.ipynb)")
+    p.add_argument("--overwrite", action="store_true", help="run every (setting, seed) again from scratch, replacing "
+                   "finished and partial runs (default: finished runs are skipped, partial ones resumed)")
     _add_field_flags(p, _COMPARE_FLAGS)
     return p
+
+def _check_counts(p: argparse.ArgumentParser, a):
+    "Counts that must be >= 1 (exit 2 before anything runs)."
+    for name in ("seeds", "jobs", "window", "steps"):
+        v = getattr(a, name, None)
+        if v is not None and v < 1:
+            p.error(f"--{name} {v}: must be >= 1")
+
+# %% ../../nbs/34_mini_cli.ipynb #ed10bf22
+def _compare_state(a, ov: dict, setting: str, seed: int) -> str:
+    "'done' (skip), 'partial' (resume) or 'new' for one compare run ('new' for all with --overwrite or the cluster)."
+    from sao_repro.mini.sweep import run_state
+    if a.overwrite or a.backend != "mini":
+        return "new"
+    try:
+        steps = make_config(setting, seed, a.steps, a.backend, a.out, a.smoke, ov).steps
+    except ValueError:  # the run itself will fail and be reported
+        return "new"
+    return run_state(Path(a.out) / a.backend / setting / f"seed{seed}", steps)
 
 # %% ../../nbs/34_mini_cli.ipynb #a0949dff
 def _prebuild(a, ov):
@@ -303,17 +352,24 @@ def _prebuild(a, ov):
 def compare_main(argv: list[str] | None = None) -> int:
     "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed)."
     from tqdm.auto import tqdm
-    a = compare_parser().parse_args(argv)
+    p = compare_parser()
+    a = p.parse_args(argv)
+    _check_counts(p, a)
     ov = _overrides(a, ("lag",) + _COMPARE_FLAGS)
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
-    jobs = [(s, k) for s in a.settings for k in range(a.seeds)]
+    jobs = [(s, k, _compare_state(a, ov, s, k)) for s in a.settings for k in range(a.seeds)]
+    done = [(s, k) for s, k, st in jobs if st == "done"]
+    if done:
+        print(f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
+              + ", ".join(f"{s} seed{k}" for s, k in done))
     t0 = time.time()
-    if a.backend == "mini":
+    if a.backend == "mini" and len(done) < len(jobs):
         _prebuild(a, ov)
     failed = []
-    with ThreadPoolExecutor(max(1, a.jobs)) as ex, tqdm(total=len(jobs), desc="compare", unit="run") as bar:
-        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov): (s, k) for s, k in jobs}
+    with ThreadPoolExecutor(max(1, a.jobs)) as ex, tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
+        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite): (s, k)
+                for s, k, st in jobs if st != "done"}
         for f in as_completed(futs):
             s, k = futs[f]
             if f.exception() is not None:

@@ -21,6 +21,7 @@ import yaml
 
 from ..settings import list_settings
 from .train import MiniRunConfig
+from ..guards import event_line_ok, load_yaml_bounded, valid_step
 from ..report import fmt_ci, mean_ci
 from .cli import (_prebuild, check_parameters_cell, execute_run, find_run_notebook, make_config,
                                 run_windows, summarize)
@@ -80,7 +81,7 @@ def _check_knobs(part: str, d: dict):
 # %% ../../nbs/35_mini_sweep.ipynb #887dfa43
 def load_sweep(path_or_dict) -> SweepConfig:
     "Read a sweep YAML file (or a dict), naming unknown or missing keys."
-    d = yaml.safe_load(Path(path_or_dict).read_text()) if not isinstance(path_or_dict, dict) else dict(path_or_dict)
+    d = load_yaml_bounded(path_or_dict, "sweep file") if not isinstance(path_or_dict, dict) else dict(path_or_dict)
     if not isinstance(d, dict):
         raise ValueError(f"{path_or_dict}: the sweep file must be a YAML mapping")
     known = [f.name for f in fields(SweepConfig)]
@@ -102,9 +103,9 @@ def run_state(run_dir, steps: int) -> str:
     p = Path(run_dir) / "events.log"
     if not p.exists():
         return "new"
-    for line in p.read_text().splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and parts[1] == "finish" and json.loads(parts[2]).get("step", 0) >= steps:
+    for line in p.read_bytes().splitlines():
+        parts = line.split(b"\t")
+        if event_line_ok(line) and parts[1] == b"finish" and (valid_step(json.loads(parts[2]).get("step")) or 0) >= steps:
             return "done"
     return "partial"
 

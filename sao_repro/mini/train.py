@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..core import masked_mean, masked_var
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
+from ..guards import GracefulStop, RunInterrupted, check_number, event_line_ok, parse_record, repair_lines, write_atomic
 from ..loss import policy_loss
 from ..settings import Setting, get_setting, list_settings
 from .model import CriticModel, ModelConfig, PolicyModel, PretrainConfig, sampled_accuracy, token_logp, warm_start
@@ -30,8 +32,9 @@ from .rollout import PolicyHistory, RolloutConfig, collect, pick_lag
 from .task import TaskConfig, chain_prompt_len, eval_problems, max_answer_len, sample_problems, task_tokenizer
 
 # %% auto #0
-__all__ = ['BACKENDS', 'MiniRunConfig', 'log_event', 'read_metrics', 'truncate_metrics', 'checkpoints', 'NonFiniteError',
-           'MiniTrainer', 'eval_due', 'train_run']
+__all__ = ['BACKENDS', 'RUN_FILES', 'RESUME_FREE', 'MiniRunConfig', 'log_event', 'read_metrics', 'truncate_metrics',
+           'checkpoints', 'NonFiniteError', 'MiniTrainer', 'eval_due', 'RunExistsError', 'ConfigChangeError',
+           'check_fresh', 'config_changes', 'readable_checkpoint', 'repair_logs', 'train_run']
 
 # %% ../../nbs/33_mini_train.ipynb #69a64c7f
 BACKENDS = ("mini", "areal")
@@ -73,6 +76,7 @@ class MiniRunConfig:
     behav_dtype: str = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)", "choices": ["float32", "bfloat16"]})
 
     def __post_init__(self):
+        self._check_numbers()
         if self.setting not in list_settings():
             raise ValueError(f"unknown setting {self.setting!r}; valid settings: {', '.join(list_settings())}")
         if self.backend not in BACKENDS:
@@ -146,24 +150,53 @@ class MiniRunConfig:
             return PretrainConfig(**noise) if self.family == "add" else PretrainConfig(steps=2000, batch_size=64, **noise)
         return PretrainConfig(**{"steps": 300, "batch_size": 64, "warmup": 10, "lr": 1e-2, "noise_frac": 0.5, **noise})
 
+# %% ../../nbs/33_mini_train.ipynb #ae68d633
+_INT_MIN = {"seed": 0, "steps": 1, "traj_per_step": 1, "lag": 0, "difficulty": 1, "eval_every": 1, "eval_n": 1,
+            "ckpt_every": 1, "keep_ckpts": 1, "threads": 1, "minibatches": 1}
+
+def _check_numbers(self: MiniRunConfig):
+    "Finite, in-range numbers (checked when the config is built, before any folder is made)."
+    for name in ("lr", "critic_lr", "max_grad_norm"):
+        check_number(name, getattr(self, name), 0.0, lo_open=True)
+    check_number("noise", self.noise, 0.0)
+    if not 0.0 <= check_number("direct_frac", self.direct_frac, 0.0) <= 1.0:
+        raise ValueError(f"direct_frac={self.direct_frac}: use a fraction in [0, 1]")
+    for name, lo in _INT_MIN.items():
+        v = getattr(self, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}={v!r}: must be a whole number >= {lo}")
+
+MiniRunConfig._check_numbers = _check_numbers
+
 # %% ../../nbs/33_mini_train.ipynb #b67f4eeb
 def log_event(run_dir: Path, event: str, **details):
     "Append one line to `events.log`."
     line = f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\t{event}\t{json.dumps(details, default=str)}\n"
-    with open(Path(run_dir) / "events.log", "a") as f:
-        f.write(line)
+    with open(Path(run_dir) / "events.log", "ab+") as f:
+        if f.seek(0, 2):  # after a torn last line, start a new one (readers skip the torn one)
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+        f.write(line.encode())
 
-def read_metrics(run_dir) -> list[dict]:
-    "All step records of a run folder."
+def read_metrics(run_dir, skipped: Counter | None = None) -> list[dict]:
+    "All step records of a run folder (torn, garbage or bad-step lines are skipped, counted in `skipped['bad_line']`)."
     p = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+    out = []
+    for line in p.read_bytes().splitlines() if p.exists() else []:
+        m = parse_record(line) if line.strip() else {}
+        if m:
+            out.append(m)
+        elif m is None and skipped is not None:
+            skipped["bad_line"] += 1
+    return out
 
 def truncate_metrics(run_dir: Path, last_step: int, eval_due=None):
     "Keep only the records with step <= `last_step` (and `eval/*` only where `eval_due(step)`, if given)."
     keep = [m for m in read_metrics(run_dir) if m["step"] <= last_step]
     if eval_due is not None:
         keep = [m if eval_due(m["step"]) else {k: v for k, v in m.items() if not k.startswith("eval/")} for m in keep]
-    (Path(run_dir) / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in keep))
+    write_atomic(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in keep).encode())
 
 def checkpoints(run_dir) -> list[Path]:
     "Checkpoint files, oldest first."
@@ -368,9 +401,9 @@ def _save(self: MiniTrainer, run_dir: Path) -> Path:
         old.unlink()
     return p
 
-def _load(self: MiniTrainer, path: Path):
-    "Restore everything a step depends on."
-    sd = torch.load(path, weights_only=False)
+def _load(self: MiniTrainer, path: Path | dict):
+    "Restore everything a step depends on (from a checkpoint file or its loaded dict)."
+    sd = path if isinstance(path, dict) else torch.load(path, weights_only=False)
     self.step = sd["step"]
     self.policy.load_state_dict(sd["policy"])
     self.opt.load_state_dict(sd["opt"])
@@ -403,30 +436,105 @@ def _config_record(cfg: MiniRunConfig, tr: MiniTrainer) -> dict:
     return {**asdict(cfg), "setting_spec": asdict(tr.setting), "warm_start": tr.start_meta,
             "torch": torch.__version__}
 
+def _write_config(run_dir: Path, cfg: MiniRunConfig, tr: MiniTrainer, changes: list | None = None):
+    "config.json of the run; `changes` made at a resume are added to the ones recorded before."
+    p = run_dir / "config.json"
+    try:
+        before = json.loads(p.read_text()).get("changes", []) if p.exists() else []
+    except ValueError:
+        before = []
+    rec = _config_record(cfg, tr)
+    if before or changes:
+        rec["changes"] = before + [{"step": tr.step, **c} for c in changes or []]
+    write_atomic(p, json.dumps(rec, indent=1).encode())
+
+# %% ../../nbs/33_mini_train.ipynb #bcaca509
+class RunExistsError(FileExistsError):
+    "A fresh run was asked for in a folder that holds a run."
+
+class ConfigChangeError(ValueError):
+    "A resume with options that differ from the checkpoint's."
+
+RUN_FILES = ("metrics.jsonl", "events.log", "config.json", "checkpoints")
+# options that do not change what a step computes: a resume may change them freely
+RESUME_FREE = ("steps", "out", "threads", "keep_ckpts", "ckpt_every", "debug_nan_step")
+
+def check_fresh(run_dir: Path, overwrite: bool = False):
+    "Refuse a fresh run into a folder that holds a run (unless `overwrite`); touches nothing."
+    found = [n for n in RUN_FILES if (Path(run_dir) / n).exists()]
+    if found and not overwrite:
+        raise RunExistsError(f"{run_dir} already holds a run ({', '.join(found)}); continue it with --resume "
+                             "(resume=True), or start over with --overwrite (overwrite=True: deletes its metrics, "
+                             "events and checkpoints)")
+
+def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
+    "Options of `cfg` that differ from the checkpoint's `saved` config and change results."
+    return [{"key": k, "old": saved[k], "new": v} for k, v in asdict(cfg).items()
+            if k not in RESUME_FREE and k in saved and saved[k] != v]
+
+# %% ../../nbs/33_mini_train.ipynb #d8b8cc02
+def readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict | None]:
+    "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged."
+    for p in reversed(checkpoints(run_dir)):
+        try:
+            sd = torch.load(p, weights_only=False)
+            if not isinstance(sd, dict) or not {"step", "policy", "config"} <= set(sd):
+                raise ValueError("not a checkpoint of this trainer")
+            return p, sd
+        except Exception as e:  # noqa: BLE001 -- torn zip, garbage, wrong pickle: any of them means unreadable
+            bad = p.with_name(p.name + ".unreadable")
+            os.replace(p, bad)
+            log_event(run_dir, "checkpoint_unreadable", checkpoint=p.name, kept_as=bad.name, error=f"{type(e).__name__}: {e}"[:300])
+    return None, None
+
+def repair_logs(run_dir: Path) -> dict:
+    "Cut torn or garbage lines out of metrics.jsonl and events.log; log what was dropped."
+    dropped = {"metrics.jsonl": repair_lines(run_dir / "metrics.jsonl", lambda l: parse_record(l) is not None),
+               "events.log": repair_lines(run_dir / "events.log", event_line_ok)}
+    dropped = {k: n for k, n in dropped.items() if n}
+    if dropped:
+        log_event(run_dir, "repair", dropped_lines=dropped)
+    return dropped
+
 # %% ../../nbs/33_mini_train.ipynb #53e185b8
 def train_run(cfg: MiniRunConfig, # the run
-              resume: bool = False, # continue from the last checkpoint in the run folder
+              resume: bool = False, # continue from the last readable checkpoint in the run folder
               log=print, # progress printer (None: quiet)
+              overwrite: bool = False, # a fresh run may replace a run already in the folder
+              allow_config_change: bool = False, # a resume may change options that change results (recorded)
              ) -> Path:
     "Train one setting x seed on the testbed; returns the run folder."
     if cfg.backend != "mini":
         raise ValueError(f"train_run is the 'mini' backend; for backend={cfg.backend!r} use sao_repro.mini.cli.run_setting")
-    torch.set_num_threads(cfg.threads)
     run_dir = cfg.run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ck = checkpoints(run_dir) if resume else []
     if not resume:
+        check_fresh(run_dir, overwrite)
+    torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ck, sd, changes = None, None, []
+    if resume:
+        repair_logs(run_dir)
+        ck, sd = readable_checkpoint(run_dir)
+        changes = config_changes(sd["config"], cfg) if sd else []
+        if changes and not allow_config_change:
+            raise ConfigChangeError(f"--resume with options that differ from the checkpoint's ({ck.name}): "
+                                    + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
+                                    + "; pass the first run's values, or --allow-config-change to change them "
+                                    f"from step {sd['step']} on (recorded in config.json and events.log)")
+    else:
         _fresh_dir(run_dir)
     tr = MiniTrainer(cfg, log=log)
-    if ck:
-        tr.load(ck[-1])
+    if sd is not None:
+        tr.load(sd)
         # a run stopped by `steps` evaluated its last step; a longer run would not have: drop that extra eval
         truncate_metrics(run_dir, tr.step, eval_due=lambda k: eval_due(cfg, k))
-        (run_dir / "config.json").write_text(json.dumps(_config_record(cfg, tr), indent=1))
-        log_event(run_dir, "resume", step=tr.step, checkpoint=ck[-1].name)
+        _write_config(run_dir, cfg, tr, changes)
+        log_event(run_dir, "resume", step=tr.step, checkpoint=ck.name)
+        if changes:
+            log_event(run_dir, "config_change", step=tr.step, changes=changes)
     else:
         truncate_metrics(run_dir, 0)
-        (run_dir / "config.json").write_text(json.dumps(_config_record(cfg, tr), indent=1))
+        _write_config(run_dir, cfg, tr)
         log_event(run_dir, "start", setting=cfg.setting, seed=cfg.seed, steps=cfg.steps,
                   start_acc=tr.start_meta["heldout_sampled_acc"])
     return _loop(tr, run_dir, log)
@@ -435,7 +543,7 @@ def train_run(cfg: MiniRunConfig, # the run
 def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
     cfg = tr.cfg
     try:
-        with open(run_dir / "metrics.jsonl", "a") as f:
+        with GracefulStop() as stop, open(run_dir / "metrics.jsonl", "a") as f:
             while tr.step < cfg.steps:
                 m = tr.train_step()
                 if eval_due(cfg, tr.step):
@@ -447,12 +555,25 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
                     log_event(run_dir, "checkpoint", step=tr.step, path=str(p.relative_to(run_dir)))
                 if log and "eval/acc" in m:
                     log(f"[{cfg.setting} seed{cfg.seed}] step {tr.step}/{cfg.steps} acc {m['acc']:.3f} eval/acc {m['eval/acc']:.3f}")
+                if stop.requested and tr.step < cfg.steps:
+                    _interrupt(tr, run_dir, stop.requested)
     except NonFiniteError as e:
         last = checkpoints(run_dir)
         log_event(run_dir, "nan", step=tr.step + 1, error=str(e), last_checkpoint=last[-1].name if last else None)
+        raise
+    except RunInterrupted:
         raise
     except BaseException as e:
         log_event(run_dir, "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}")
         raise
     log_event(run_dir, "finish", step=tr.step)
     return run_dir
+
+# %% ../../nbs/33_mini_train.ipynb #972fa036
+def _interrupt(tr: MiniTrainer, run_dir: Path, signame: str):
+    "Stop at this step boundary: checkpoint the step (so nothing computed is lost), log `interrupted`, raise."
+    p = checkpoints(run_dir)[-1:]
+    if not p or p[0].name != f"step_{tr.step:06d}.pt":
+        p = [tr.save(run_dir)]
+    log_event(run_dir, "interrupted", step=tr.step, signal=signame, checkpoint=p[0].name)
+    raise RunInterrupted(tr.step, signame)
