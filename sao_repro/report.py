@@ -27,11 +27,11 @@ __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUM
            'DOC_SECTIONS', 'betainc_reg', 't_cdf', 't_quantile', 'mean_ci', 'reference_table', 'design_table',
            'load_runs', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers', 'run_command', 'runs_commands',
            'provenance', 'runs_using', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table', 'runs_fingerprint',
-           'find_report_notebook', 'execute_report', 'html_exporter', 'offline_violations', 'notebook_to_html',
-           'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png', 'image_stats', 'is_blank', 'write_numbers',
-           'sweep_result_files', 'render_report', 'report_parser', 'report_main', 'doc_notebooks', 'nbdev_site',
-           'nbdev_doc_path', 'quarto_config', 'write_quarto_yml', 'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb',
-           'build_docs', 'docs_main']
+           'find_report_notebook', 'execute_report', 'kernel_config', 'run_notebook', 'html_exporter',
+           'offline_violations', 'notebook_to_html', 'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png',
+           'image_stats', 'is_blank', 'write_numbers', 'sweep_result_files', 'render_report', 'report_parser',
+           'report_main', 'doc_notebooks', 'nbdev_site', 'nbdev_doc_path', 'quarto_config', 'write_quarto_yml',
+           'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb', 'build_docs', 'docs_main']
 
 # %% ../nbs/60_report.ipynb #81f035d3
 def _betacf(a:float, b:float, x:float) -> float:
@@ -432,12 +432,29 @@ def _kernel_env():
 
 def execute_report(notebook:Path, out_nb:Path, params:dict, timeout:int=600) -> Path:
     "Execute the report notebook with papermill into `out_nb`."
+    return run_notebook(notebook, out_nb, params, cwd=Path(notebook).parent, execution_timeout=timeout)
+
+# %% ../nbs/60_report.ipynb #5de79f69
+def kernel_config() -> dict:
+    "Jupyter config for the local kernels we start: IPC (Unix-socket) transport where it fits, else TCP."
+    from jupyter_core.paths import jupyter_runtime_dir
+    # socket files are named <runtime dir>/kernel-<uuid>-ipc-<n>; a Unix socket path holds at most 107 bytes
+    ipc = os.name == "posix" and len(jupyter_runtime_dir()) <= 60
+    return {"KernelManager": {"transport": "ipc" if ipc else "tcp"}}
+
+def run_notebook(notebook, # the notebook to execute
+                 out_nb, # where the executed copy is written
+                 parameters:dict|None=None, # papermill parameters
+                 **kwargs, # further papermill.execute_notebook arguments (cwd, execution_timeout, ...)
+                ) -> Path:
+    "Execute a notebook with papermill on a local python3 kernel that imports this sao_repro."
     import papermill as pm
+    from traitlets.config import Config
     _kernel_env()
-    out_nb.parent.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(str(notebook), str(out_nb), parameters=params, kernel_name="python3",
-                        progress_bar=False, cwd=str(Path(notebook).parent), execution_timeout=timeout)
-    return out_nb
+    Path(out_nb).parent.mkdir(parents=True, exist_ok=True)
+    pm.execute_notebook(str(notebook), str(out_nb), parameters=parameters or {}, kernel_name="python3",
+                        progress_bar=False, config=Config(kernel_config()), **kwargs)
+    return Path(out_nb)
 
 # %% ../nbs/60_report.ipynb #086ea697
 OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}

@@ -228,12 +228,9 @@ def test_offline_docs_site(rendered, tmp_path):
 @pytest.mark.slow
 def test_explore_notebook_loads_a_run(runs, tmp_path):
     "experiments/explore_run.ipynb runs on a testbed run folder and plots the DIS ratios and advantages."
-    import papermill as pm
-    R._kernel_env()
     out = tmp_path / "explore.ipynb"
-    pm.execute_notebook(str(ROOT / "experiments" / "explore_run.ipynb"), str(out), kernel_name="python3",
-                        parameters={"run_dir": str(runs / "mini" / "sao" / "seed0")}, progress_bar=False,
-                        cwd=str(ROOT / "experiments"))
+    R.run_notebook(ROOT / "experiments" / "explore_run.ipynb", out, {"run_dir": str(runs / "mini" / "sao" / "seed0")},
+                   cwd=str(ROOT / "experiments"))
     nb = json.loads(out.read_text())
     pngs = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(pngs) == 2
