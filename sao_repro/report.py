@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 import pandas as pd
 from .metrics import COLUMNS, collect_metrics, read_config, summarize_runs, smooth
+from .settings import SETTING_COLORS, setting_color
 
 # %% auto #0
 __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'COLORS', 'REPORT_NB',
@@ -27,7 +28,7 @@ __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUM
            'DOC_SECTIONS', 'betainc_reg', 't_cdf', 't_quantile', 'mean_ci', 'reference_table', 'design_table',
            'load_runs', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers', 'run_command', 'runs_commands',
            'provenance', 'runs_using', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table', 'runs_fingerprint',
-           'find_report_notebook', 'execute_report', 'kernel_config', 'run_notebook', 'html_exporter',
+           'find_report_notebook', 'execute_report', 'kernel_transport', 'run_notebook', 'html_exporter',
            'offline_violations', 'notebook_to_html', 'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png',
            'image_stats', 'is_blank', 'write_numbers', 'sweep_result_files', 'render_report', 'report_parser',
            'report_main', 'doc_notebooks', 'nbdev_site', 'nbdev_doc_path', 'quarto_config', 'write_quarto_yml',
@@ -286,7 +287,7 @@ def runs_using(runs_df:pd.DataFrame, # from `load_runs`
             if _setting_spec(s, c if isinstance(c, dict) else None).get(key)]
 
 # %% ../nbs/60_report.ipynb #e11ddd0f
-COLORS = {"sao": "#d62728", "grpo": "#1f77b4", "grpo_dis": "#2ca02c", "running_mean": "#9467bd", "single_dis": "#ff7f0e"}
+COLORS = SETTING_COLORS  # one palette: the monitor draws with it too (sao_repro.settings.setting_color)
 
 def _curves(df:pd.DataFrame, metric:str, smooth_steps:int) -> pd.DataFrame:
     "Per (setting, step): mean, min and max over runs of the smoothed `metric`."
@@ -305,8 +306,8 @@ def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, setting
         if settings is not None and name not in settings:
             continue
         s = c[c.setting == name]
-        ax.plot(s.step, s["mean"], color=COLORS.get(name), label=name, lw=1.5)
-        ax.fill_between(s.step, s["min"], s["max"], color=COLORS.get(name), alpha=0.15, lw=0)
+        ax.plot(s.step, s["mean"], color=setting_color(name), label=name, lw=1.5)
+        ax.fill_between(s.step, s["min"], s["max"], color=setting_color(name), alpha=0.15, lw=0)
         drawn.append(name)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
@@ -435,12 +436,11 @@ def execute_report(notebook:Path, out_nb:Path, params:dict, timeout:int=600) -> 
     return run_notebook(notebook, out_nb, params, cwd=Path(notebook).parent, execution_timeout=timeout)
 
 # %% ../nbs/60_report.ipynb #5de79f69
-def kernel_config() -> dict:
-    "Jupyter config for the local kernels we start: IPC (Unix-socket) transport where it fits, else TCP."
-    from jupyter_core.paths import jupyter_runtime_dir
-    # socket files are named <runtime dir>/kernel-<uuid>-ipc-<n>; a Unix socket path holds at most 107 bytes
-    ipc = os.name == "posix" and len(jupyter_runtime_dir()) <= 60
-    return {"KernelManager": {"transport": "ipc" if ipc else "tcp"}}
+def kernel_transport(folder) -> dict:
+    "KernelManager settings: IPC sockets in `folder` (private to one kernel) on POSIX, else TCP."
+    if os.name != "posix":
+        return {"transport": "tcp"}
+    return {"transport": "ipc", "ip": str(Path(folder)/"kernel")}
 
 def run_notebook(notebook, # the notebook to execute
                  out_nb, # where the executed copy is written
@@ -449,11 +449,13 @@ def run_notebook(notebook, # the notebook to execute
                 ) -> Path:
     "Execute a notebook with papermill on a local python3 kernel that imports this sao_repro."
     import papermill as pm
-    from traitlets.config import Config
+    from jupyter_client.manager import AsyncKernelManager
     _kernel_env()
     Path(out_nb).parent.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(str(notebook), str(out_nb), parameters=parameters or {}, kernel_name="python3",
-                        progress_bar=False, config=Config(kernel_config()), **kwargs)
+    with tempfile.TemporaryDirectory(prefix="sao-kernel-") as sockets:
+        km = AsyncKernelManager(kernel_name="python3", **kernel_transport(sockets))
+        pm.execute_notebook(str(notebook), str(out_nb), parameters=parameters or {}, kernel_name="python3",
+                            progress_bar=False, km=km, **kwargs)
     return Path(out_nb)
 
 # %% ../nbs/60_report.ipynb #086ea697

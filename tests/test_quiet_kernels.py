@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sao_repro.report import kernel_config
+from sao_repro.report import kernel_transport, run_notebook
 
 WARNING = "without encryption"
 CLI = "import sys; from sao_repro.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -28,8 +28,21 @@ def test_run_notebook_uses_ipc_and_its_stderr_has_no_transport_warning(tmp_path)
     assert WARNING not in r.stderr and WARNING not in r.stdout
     out = json.loads((tmp_path / "o.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in out["cells"] for o in c.get("outputs", []))
-    assert printed.strip() == f"{kernel_config()['KernelManager']['transport']} 7"
-    assert kernel_config()["KernelManager"]["transport"] == "ipc"  # on this Linux machine
+    assert printed.strip() == "ipc 7"  # a POSIX machine: the kernel listened on IPC sockets, not TCP
+
+
+def test_kernels_started_side_by_side_do_not_share_sockets(tmp_path):
+    "compare --jobs 2 starts two kernels at once from one process: each must talk to its own."
+    from concurrent.futures import ThreadPoolExecutor
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}})
+    nb.cells = [nbformat.v4.new_code_cell("x = 0", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell("print(x * 10)")]
+    nbformat.write(nb, str(tmp_path / "t.ipynb"))
+    with ThreadPoolExecutor(2) as ex:
+        outs = list(ex.map(lambda k: run_notebook(tmp_path / "t.ipynb", tmp_path / f"o{k}.ipynb", {"x": k}), (1, 2)))
+    for k, o in zip((1, 2), outs):
+        cells = json.loads(o.read_text())["cells"]
+        assert "".join(cells[-1]["outputs"][0]["text"]).strip() == str(10 * k)
+    assert kernel_transport(tmp_path)["transport"] == "ipc"
 
 
 @pytest.mark.slow
