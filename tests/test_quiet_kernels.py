@@ -26,6 +26,7 @@ def test_run_notebook_uses_ipc_and_its_stderr_has_no_transport_warning(tmp_path)
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert WARNING not in r.stderr and WARNING not in r.stdout
+    assert "IPKernelApp" not in r.stderr  # nor any other kernel warning (e.g. a kernel left running: "Parent appears to have exited")
     out = json.loads((tmp_path / "o.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in out["cells"] for o in c.get("outputs", []))
     assert printed.strip() == "ipc 7"  # a POSIX machine: the kernel listened on IPC sockets, not TCP
