@@ -857,7 +857,8 @@ def report_main(argv:list[str]|None=None) -> int:
 
 # %% ../nbs/60_report.ipynb #6f9544df
 DOC_SECTIONS = [(0, 20, "Algorithm"), (20, 30, "Data and reward"), (30, 40, "CPU testbed"), (40, 50, "Cluster (AReaL)"),
-                (50, 60, "Metrics and monitor"), (60, 90, "Report and docs"), (90, 100, "Command line")]
+                (50, 60, "Metrics and monitor"), (60, 70, "Report and docs"),
+                (70, 90, "Operations"), (90, 100, "Command line")]
 
 def doc_notebooks(root=".") -> list[Path]:
     "The documentation notebooks `nbs/NN_*.ipynb` (relative to `root`), in order."
