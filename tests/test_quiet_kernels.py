@@ -14,12 +14,18 @@ WARNING = "without encryption"
 CLI = "import sys; from sao_repro.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def test_run_notebook_uses_ipc_and_its_stderr_has_no_transport_warning(tmp_path):
+def tiny_notebook(path, *sources):
+    "A python3 notebook whose first cell is the parameters cell."
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}})
-    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("from ipykernel.kernelapp import IPKernelApp\n"
-                                          "print(IPKernelApp.instance().transport, x)")]
-    nbformat.write(nb, str(tmp_path / "t.ipynb"))
+    nb.cells = [nbformat.v4.new_code_cell(sources[0], metadata={"tags": ["parameters"]})]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources[1:]]
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_run_notebook_uses_ipc_and_its_stderr_has_no_transport_warning(tmp_path):
+    tiny_notebook(tmp_path / "t.ipynb", "x = 1", "from ipykernel.kernelapp import IPKernelApp\n"
+                                                 "print(IPKernelApp.instance().transport, x)")
     code = ("import sys; from sao_repro.report import run_notebook; "
             "run_notebook(sys.argv[1], sys.argv[2], {'x': 7})")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.ipynb"), str(tmp_path / "o.ipynb")],
@@ -35,9 +41,7 @@ def test_run_notebook_uses_ipc_and_its_stderr_has_no_transport_warning(tmp_path)
 def test_kernels_started_side_by_side_do_not_share_sockets(tmp_path):
     "compare --jobs 2 starts two kernels at once from one process: each must talk to its own."
     from concurrent.futures import ThreadPoolExecutor
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}})
-    nb.cells = [nbformat.v4.new_code_cell("x = 0", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell("print(x * 10)")]
-    nbformat.write(nb, str(tmp_path / "t.ipynb"))
+    tiny_notebook(tmp_path / "t.ipynb", "x = 0", "print(x * 10)")
     with ThreadPoolExecutor(2) as ex:
         outs = list(ex.map(lambda k: run_notebook(tmp_path / "t.ipynb", tmp_path / f"o{k}.ipynb", {"x": k}), (1, 2)))
     for k, o in zip((1, 2), outs):
