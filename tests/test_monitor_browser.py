@@ -5,6 +5,7 @@ JSON messages separated by NUL bytes on fds 3 and 4), so no driver package is ne
 The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 """
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -36,9 +37,10 @@ class Chrome:
         to_chrome_r, self.to_chrome = os.pipe()
         self.from_chrome, from_chrome_w = os.pipe()
 
-        def wire():
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
+        def wire():  # move both ends above fd 4 first: a pipe end may itself be fd 3 or 4 in a fresh process
+            r, w = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
 
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
