@@ -1,5 +1,6 @@
 # sao-repro: `make study` installs everything into a fresh virtualenv (CPU torch) and runs the
-# five-setting comparison on the CPU testbed; `make test` runs the test suite.
+# five-setting comparison on the CPU testbed; `make test` runs the test suite (what CI runs): it first makes sure
+# headless Chromium is there for the browser tests (installs it with apt-get, or stops with the command to run).
 # The default study is the chain family (scratchpad responses, 2-4 terms mixed in each batch), where the
 # testbed separates the settings best (README, "Findings"); STUDY='' gives the two-digit addition study.
 PYTHON ?= python3
@@ -13,7 +14,7 @@ TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: install study test bench
+.PHONY: install study test chromium bench
 
 $(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +26,11 @@ install: $(BIN)/sao-repro
 study: install
 	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS) $(STUDY)
 
-test: install
-	PATH=$(abspath $(BIN)):$$PATH bash scripts/test.sh
+chromium:
+	bash scripts/need_chromium.sh
+
+test: install chromium
+	PATH=$(abspath $(BIN)):$$PATH SAO_REQUIRE_BROWSER=1 bash scripts/test.sh
 
 bench: install
 	$(BIN)/python -m sao_repro.bench mini

@@ -24,9 +24,9 @@ from .metrics import RunStore
 
 # %% auto #0
 __all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'MAX_STEPS_PER_RUN', 'IDLE_TIMEOUT_S', 'CHARTS', 'PAGE',
-           'CSS', 'JS', 'STATIC', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'is_loopback', 'key_matches', 'host_header_ok',
-           'safe_path', 'finite_or_none', 'jsonable', 'thin', 'MonitorState', 'render_page', 'MonitorHandler',
-           'MonitorServer', 'make_server', 'serve_in_thread', 'monitor_parser', 'monitor_main']
+           'CSS', 'JS', 'STATIC', 'SMOOTH_STEPS', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'is_loopback', 'key_matches',
+           'host_header_ok', 'safe_path', 'finite_or_none', 'jsonable', 'thin', 'MonitorState', 'render_page',
+           'MonitorHandler', 'MonitorServer', 'make_server', 'serve_in_thread', 'monitor_parser', 'monitor_main']
 
 # %% ../nbs/51_monitor.ipynb #6a734bfd
 DEFAULT_PORT = 8790
@@ -181,12 +181,13 @@ PAGE = """<!doctype html>
 <link rel="stylesheet" href="static/monitor.css{q}">
 </head><body>
 <header><h1>sao-repro monitor</h1><span id="root">{root}</span><span id="status">loading…</span>
-<label>smoothing (EMA span) <input id="smooth" type="range" min="1" max="50" value="1"><span id="smooth-v">1</span></label></header>
+<label>smoothing (EMA span, steps) <input id="smooth" type="range" min="1" max="50" value="{smooth}"><span id="smooth-v">{smooth}</span></label></header>
 <table id="runs"><thead><tr><th>run</th><th>setting</th><th>seed</th><th>last step</th><th>flags</th>
 <th>reward timeouts</th><th>skipped lines</th><th>logs</th></tr></thead><tbody></tbody></table>
 <div id="legend"></div>
 <div id="charts"></div>
 <script id="chart-spec" type="application/json">{charts}</script>
+<script id="setting-colors" type="application/json">{colors}</script>
 <script src="static/monitor.js{q}"></script>
 </body></html>
 """
@@ -222,8 +223,9 @@ const PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f
 const FLAGS = ["oom", "nan", "crashed", "stalled", "finished"];
 const colors = {};
 let polls = 0;
+const SETTING_COLORS = JSON.parse(document.getElementById("setting-colors").textContent);  // the report's
 function colorOf(setting) {
-  if (!(setting in colors)) colors[setting] = PALETTE[Object.keys(colors).length % PALETTE.length];
+  if (!(setting in colors)) colors[setting] = SETTING_COLORS[setting] || PALETTE[Object.keys(colors).length % PALETTE.length];
   return colors[setting];
 }
 function withKey(url) { return KEY ? url + (url.includes("?") ? "&" : "?") + "key=" + encodeURIComponent(KEY) : url; }
@@ -304,13 +306,15 @@ function drawChart(c, series) {
   g.setTransform(dpr, 0, 0, dpr, 0, 0);
   g.clearRect(0, 0, W, H);
   const pts = series.flatMap(s => s.step.map((x, i) => [x, s.value[i]])).filter(p => p[1] !== null);
+  const raw = series.flatMap(s => s.raw ? s.step.map((x, i) => [x, s.raw[i]]) : []).filter(p => p[1] !== null);
   c.dataset.points = String(pts.length);
+  c.dataset.rawPoints = String(raw.length);
   c.dataset.series = String(series.length);
   g.font = "11px sans-serif"; g.fillStyle = "#666";
   if (!pts.length) { g.fillText("no data yet", W / 2 - 30, H / 2); return; }
   const L = 52, R = 10, T = 8, B = 24;
   let x0 = Math.min(...pts.map(p => p[0])), x1 = Math.max(...pts.map(p => p[0]));
-  let y0 = Math.min(...pts.map(p => p[1])), y1 = Math.max(...pts.map(p => p[1]));
+  let y0 = Math.min(...pts.concat(raw).map(p => p[1])), y1 = Math.max(...pts.concat(raw).map(p => p[1]));
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
   const pad = 0.05 * (y1 - y0);
@@ -321,6 +325,13 @@ function drawChart(c, series) {
   for (const t of niceTicks(y0, y1, 4)) { g.beginPath(); g.moveTo(L, Y(t)); g.lineTo(W - R, Y(t)); g.stroke(); g.fillText(String(+t.toPrecision(4)), 4, Y(t) + 4); }
   for (const t of niceTicks(x0, x1, 5)) { g.fillText(String(t), X(t) - 8, H - 8); }
   g.strokeStyle = "#999"; g.strokeRect(L, T, W - L - R, H - T - B);
+  g.globalAlpha = 0.22;  // the raw values, faint, behind the smoothed lines
+  for (const s of series) {
+    if (!s.raw) continue;
+    g.fillStyle = s.color;
+    s.step.forEach((x, i) => { const v = s.raw[i]; if (v !== null) g.fillRect(X(x) - 1, Y(v) - 1, 2, 2); });
+  }
+  g.globalAlpha = 1;
   for (const s of series) {
     g.strokeStyle = s.color; g.lineWidth = 1.6; g.beginPath();
     let pen = false;
@@ -357,7 +368,8 @@ function renderCharts() {
     const series = [];
     last.data.forEach((d, j) => {
       const m = d.metrics[spec.metric];
-      if (m) series.push({step: m.step, value: ema(m.value, span), color: colorOf(last.runs[j].setting)});
+      if (m) series.push({step: m.step, value: ema(m.value, span), raw: span > 1 ? m.value : null,
+                          color: colorOf(last.runs[j].setting)});
     });
     drawChart(canvases[k], series);
   });
@@ -372,6 +384,7 @@ async function poll() {
     renderRuns(runs); renderLegend(runs); renderCharts();
     polls += 1;
     document.body.dataset.polls = String(polls);
+    if (runs.length && data.some(d => Object.keys(d.metrics).length)) document.body.dataset.loaded = "1";
     status.textContent = runs.length + " runs · updated " + new Date().toLocaleTimeString();
   } catch (e) {
     status.textContent = "error: " + e.message;
@@ -385,12 +398,17 @@ poll();
 
 STATIC = {"monitor.js": ("text/javascript; charset=utf-8", JS), "monitor.css": ("text/css; charset=utf-8", CSS)}
 
+# %% ../nbs/51_monitor.ipynb #b27db408
+from .settings import SETTING_COLORS
+SMOOTH_STEPS = 20  # default EMA span of the page: the trend as a line, the raw points faint behind it
+
 # %% ../nbs/51_monitor.ipynb #d8f1ba6a
 def render_page(root:Path, key:str|None) -> str:
     "The HTML page; a key that came in the page's `?key=` is passed on to its script and style links."
     q = "?key=" + quote(key, safe="") if key else ""
     charts = json.dumps(CHARTS).replace("<", "\\u003c")
-    return PAGE.replace("{q}", html.escape(q)).replace("{root}", html.escape(str(root))).replace("{charts}", charts)
+    page = PAGE.replace("{q}", html.escape(q)).replace("{root}", html.escape(str(root))).replace("{charts}", charts)
+    return page.replace("{colors}", json.dumps(SETTING_COLORS)).replace("{smooth}", str(SMOOTH_STEPS))
 
 # %% ../nbs/51_monitor.ipynb #4ce2862f
 SECURITY_HEADERS = {

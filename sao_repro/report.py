@@ -21,18 +21,21 @@ from pathlib import Path
 import pandas as pd
 from .metrics import COLUMNS, collect_metrics, read_config, summarize_runs, smooth
 from .guards import html_id, md_code
+from .settings import SETTING_COLORS, setting_color
 
 # %% auto #0
-__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'COLORS', 'REPORT_NB',
-           'REPORT_NAME', 'INPUT_FILES', 'OFFLINE_TEMPLATE', 'EXTRA_CSS', 'REPORT_CSP', 'CHROMIUM_NAMES',
+__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'COLORS', 'BACKEND_NAMES',
+           'REPORT_NB', 'REPORT_NAME', 'INPUT_FILES', 'OFFLINE_TEMPLATE', 'EXTRA_CSS', 'REPORT_CSP', 'CHROMIUM_NAMES',
            'CHROMIUM_FLAGS', 'DOC_SECTIONS', 'betainc_reg', 't_cdf', 't_quantile', 'mean_ci', 'reference_table',
-           'design_table', 'load_runs', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers', 'run_command',
-           'runs_commands', 'provenance', 'runs_using', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table',
-           'runs_fingerprint', 'find_report_notebook', 'execute_report', 'html_exporter', 'with_csp',
-           'offline_violations', 'notebook_to_html', 'find_chromium', 'html_to_pdf', 'screenshot', 'shrink_png',
-           'image_stats', 'is_blank', 'write_numbers', 'sweep_result_files', 'render_report', 'report_parser',
-           'report_main', 'doc_notebooks', 'nbdev_site', 'nbdev_doc_path', 'quarto_config', 'write_quarto_yml',
-           'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb', 'build_docs', 'docs_main']
+           'design_table', 'load_runs', 'heldout_summary', 'run_summary', 'numbers_table', 'fmt_ci', 'format_numbers',
+           'fmt_change', 'headline_table', 'run_command', 'runs_commands', 'provenance', 'runs_using', 'display_path',
+           'runs_block', 'fig_accuracy', 'fig_dis', 'fig_critic', 'distance_table', 'report_title', 'testbed_limits',
+           'runs_fingerprint', 'find_report_notebook', 'execute_report', 'kernel_transport', 'kernel_manager_class',
+           'run_notebook', 'html_exporter', 'with_csp', 'offline_violations', 'notebook_to_html', 'find_chromium',
+           'html_to_pdf', 'screenshot', 'shrink_png', 'image_stats', 'is_blank', 'write_numbers', 'set_notebook_title',
+           'sweep_result_files', 'render_report', 'report_parser', 'report_main', 'doc_notebooks', 'nbdev_site',
+           'nbdev_doc_path', 'quarto_config', 'write_quarto_yml', 'check_quarto_yml', 'tidy_doc_nb', 'process_doc_nb',
+           'build_docs', 'docs_main']
 
 # %% ../nbs/60_report.ipynb #81f035d3
 def _betacf(a:float, b:float, x:float) -> float:
@@ -172,15 +175,26 @@ def load_runs(runs, # a runs folder (or one run folder)
                      "seed": info["seed"], "dir": d, "config": read_config(d)})
     return df, pd.DataFrame(rows, columns=RUN_COLUMNS)
 
+# %% ../nbs/60_report.ipynb #e895a3c7
+def heldout_summary(df:pd.DataFrame, # tidy metrics frame
+                    end_steps:int=50, # end window: the evaluations in the last `end_steps` steps of each run
+                   ) -> pd.DataFrame:
+    "Per run: the first held-out evaluation (`eval/acc`) and the mean of the evaluations inside the end window."
+    ev = df[df.metric == "eval/acc"].dropna(subset=["value"]) if len(df) else df
+    if ev.empty:
+        return pd.DataFrame(columns=["run", "heldout_start", "heldout_end"])
+    s = summarize_runs(ev, 1, end_steps, metrics=("eval/acc",))
+    return pd.DataFrame({"run": s.run, "heldout_start": s["start_eval/acc"], "heldout_end": s["end_eval/acc"]})
+
 # %% ../nbs/60_report.ipynb #357d32a3
 def run_summary(df:pd.DataFrame, runs_df:pd.DataFrame, start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
-    "One row per run: backend, setting, seed, steps, trajectories per step, start / end window mean of `acc`."
+    "One row per run: backend, setting, seed, steps, trajectories per step, start / end window mean of `acc`, held-out start / end."
     cols = ["run", "setting", "seed", "first_step", "last_step", "n_steps", "start_acc", "end_acc", "delta_acc"]
     s = summarize_runs(df, start_steps, end_steps, metrics=("acc",)) if len(df) else pd.DataFrame(columns=cols)
     for c in cols:
         if c not in s:
             s[c] = float("nan")
-    s = s.merge(runs_df[["run", "backend", "dir", "config"]], on="run", how="left")
+    s = s.merge(runs_df[["run", "backend", "dir", "config"]], on="run", how="left").merge(heldout_summary(df, end_steps), on="run", how="left")
     s["traj_per_step"] = [c.get("traj_per_step") if isinstance(c, dict) else None for c in s.config]
     return s.sort_values(["backend", "setting", "seed"]).reset_index(drop=True)
 
@@ -191,7 +205,8 @@ def _order(names) -> list[str]:
     return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
 
 NUMBER_COLUMNS = ["backend", "setting", "role", "G", "critic", "DIS", "steps", "traj/step", "prompts x G", "seeds",
-                  "acc_start", "acc_start_ci", "acc_end", "acc_end_ci", "runs"]
+                  "acc_start", "acc_start_ci", "acc_end", "acc_end_ci", "heldout_start", "heldout_start_ci", "heldout_end",
+                  "heldout_end_ci", "runs"]
 
 def numbers_table(summary:pd.DataFrame, # from `run_summary`
                  ) -> pd.DataFrame:
@@ -204,6 +219,8 @@ def numbers_table(summary:pd.DataFrame, # from `run_summary`
             spec = _setting_spec(name, g.config.iloc[0] if isinstance(g.config.iloc[0], dict) else None)
             start, start_ci, n = mean_ci(g.start_acc)
             end, end_ci, _ = mean_ci(g.end_acc)
+            h0, h0_ci, _ = mean_ci(g.heldout_start) if "heldout_start" in g else (float("nan"),) * 3
+            h1, h1_ci, _ = mean_ci(g.heldout_end) if "heldout_end" in g else (float("nan"),) * 3
             steps = sorted(set(int(x) for x in g.last_step))
             traj = sorted(set(int(x) for x in g.traj_per_step.dropna()))
             rows.append({"backend": backend, "setting": name, "role": ROLES.get(name, "-"), "G": spec.get("group_size"),
@@ -212,6 +229,7 @@ def numbers_table(summary:pd.DataFrame, # from `run_summary`
                          "prompts x G": "/".join(f"{t // max(1, spec.get('group_size') or 1)} x {spec.get('group_size') or 1}"
                                                  for t in traj) or "-",
                          "seeds": n, "acc_start": start, "acc_start_ci": start_ci, "acc_end": end, "acc_end_ci": end_ci,
+                         "heldout_start": h0, "heldout_start_ci": h0_ci, "heldout_end": h1, "heldout_end_ci": h1_ci,
                          "runs": list(g.run)})
     return pd.DataFrame(rows, columns=NUMBER_COLUMNS)
 
@@ -223,13 +241,30 @@ def fmt_ci(m:float, h:float, digits:int=3) -> str:
     return f"{m:.{digits}f}" + (f" ± {h:.{digits}f}" if h is not None and math.isfinite(h) else "")
 
 def format_numbers(nt:pd.DataFrame, start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
-    "The numbers table as display strings."
-    out = nt[["setting", "role", "G", "critic", "DIS", "steps", "traj/step", "prompts x G", "seeds"]].copy()
+    "The numbers table as display strings (role, critic and DIS are in the design table above it)."
+    out = nt[["setting", "G", "steps", "traj/step", "prompts x G", "seeds"]].copy()
     if nt.backend.nunique() > 1:
         out.insert(0, "backend", nt.backend)
     out["accuracy start -> end"] = [f"{fmt_ci(a, float('nan'))} -> {fmt_ci(b, float('nan'))}" for a, b in zip(nt.acc_start, nt.acc_end)]
     out[f"start (first {start_steps}), 95% CI"] = [fmt_ci(a, h) for a, h in zip(nt.acc_start, nt.acc_start_ci)]
     out[f"end (last {end_steps}), 95% CI"] = [fmt_ci(a, h) for a, h in zip(nt.acc_end, nt.acc_end_ci)]
+    return out
+
+# %% ../nbs/60_report.ipynb #63920de8
+def fmt_change(a:float, a_ci:float, b:float, b_ci:float) -> str:
+    "`start ± ci -> end ± ci` (see `fmt_ci`)."
+    return f"{fmt_ci(a, a_ci)} -> {fmt_ci(b, b_ci)}"
+
+def headline_table(nt:pd.DataFrame, # from `numbers_table`
+                   start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
+    "The first table of the report: per setting, seeds, steps, held-out and online accuracy start -> end with 95% CIs."
+    out = nt[["setting", "seeds", "steps"]].copy()
+    if nt.backend.nunique() > 1:
+        out.insert(0, "backend", nt.backend)
+    out[f"held-out accuracy: first evaluation -> last {end_steps} steps"] = [
+        fmt_change(*r) for r in zip(nt.heldout_start, nt.heldout_start_ci, nt.heldout_end, nt.heldout_end_ci)]
+    out[f"online accuracy: first {start_steps} -> last {end_steps} steps"] = [
+        fmt_change(*r) for r in zip(nt.acc_start, nt.acc_start_ci, nt.acc_end, nt.acc_end_ci)]
     return out
 
 # %% ../nbs/60_report.ipynb #de9177fc
@@ -252,7 +287,9 @@ def run_command(config:dict) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 # %% ../nbs/60_report.ipynb #71e3f351
-def runs_commands(runs, runs_df:pd.DataFrame) -> list[str]:
+def runs_commands(runs, runs_df:pd.DataFrame,
+                  out_label:str|None=None, # show `--out` as this (the runs folder as the report names it)
+                 ) -> list[str]:
     "Commands that made the runs: the `compare` line of each backend's summary.md, else one `run` per folder."
     cmds, covered = [], set()
     for backend in sorted(runs_df.backend.unique()):
@@ -260,9 +297,10 @@ def runs_commands(runs, runs_df:pd.DataFrame) -> list[str]:
         if summ.is_file():
             m = re.search(r"`(sao-repro compare[^`]*)`", summ.read_text(errors="replace"))
             if m:
-                cmds.append(m.group(1))
+                cmds.append(m.group(1) if out_label is None else re.sub(r"--out(\s+|=)\S+", f"--out {shlex.quote(out_label)}", m.group(1)))
                 covered.add(backend)
-    cmds += [run_command(c if isinstance(c, dict) and c else {"setting": s, "seed": k})
+    relabel = {} if out_label is None else {"out": out_label}
+    cmds += [run_command({**c, **relabel} if isinstance(c, dict) and c else {"setting": s, "seed": k})
              for b, s, k, c in zip(runs_df.backend, runs_df.setting, runs_df.seed, runs_df.config) if b not in covered]
     return cmds
 
@@ -286,8 +324,35 @@ def runs_using(runs_df:pd.DataFrame, # from `load_runs`
     return [r for r, s, c in zip(runs_df.run, runs_df.setting, runs_df.config)
             if _setting_spec(s, c if isinstance(c, dict) else None).get(key)]
 
+# %% ../nbs/60_report.ipynb #2766f7d4
+def display_path(p, base=None) -> str:
+    "`p` relative to `base` (default: the current directory) when inside it, else as given: no home folders in reports."
+    p, base = Path(p), Path(base or Path.cwd()).resolve()
+    try:
+        return p.resolve().relative_to(base).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+def runs_block(runs_df:pd.DataFrame, # from `load_runs`
+               runs_label:str, # how the runs folder is named in the report
+               commands:list[str], # from `runs_commands`
+              ) -> str:
+    "Markdown/HTML: one line per setting (seeds, steps, folders) and the commands that made the runs, folded."
+    import html as _html
+    lines = []
+    for name in _order(runs_df.setting):
+        g = runs_df[runs_df.setting == name]
+        seeds = ", ".join(str(s) for s in sorted(g.seed))
+        steps = sorted({c.get("steps") for c in g.config if isinstance(c, dict) and c.get("steps")})
+        folders = ", ".join(sorted({f"{b}/{name}/" for b in g.backend}))
+        lines.append(f"- {md_code(name)}: {len(g)} run(s), seed(s) {seeds}"
+                     + (f", {'/'.join(map(str, steps))} steps" if steps else "") + f" — {md_code(f'{runs_label}/{folders}')}")
+    cmds = _html.escape("\n".join(commands))
+    return ("\n".join(lines) + f"\n\n<details><summary>The {len(commands)} command(s) that made these runs</summary>"
+            f"\n<pre class=\"sao-commands\">{cmds}</pre>\n</details>\n")
+
 # %% ../nbs/60_report.ipynb #e11ddd0f
-COLORS = {"sao": "#d62728", "grpo": "#1f77b4", "grpo_dis": "#2ca02c", "running_mean": "#9467bd", "single_dis": "#ff7f0e"}
+COLORS = SETTING_COLORS  # one palette: the monitor draws with it too (sao_repro.settings.setting_color)
 
 def _curves(df:pd.DataFrame, metric:str, smooth_steps:int) -> pd.DataFrame:
     "Per (setting, step): mean, min and max over runs of the smoothed `metric`."
@@ -306,8 +371,8 @@ def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, setting
         if settings is not None and name not in settings:
             continue
         s = c[c.setting == name]
-        ax.plot(s.step, s["mean"], color=COLORS.get(name), label=name, lw=1.5)
-        ax.fill_between(s.step, s["min"], s["max"], color=COLORS.get(name), alpha=0.15, lw=0)
+        ax.plot(s.step, s["mean"], color=setting_color(name), label=name, lw=1.5)
+        ax.fill_between(s.step, s["min"], s["max"], color=setting_color(name), alpha=0.15, lw=0)
         drawn.append(name)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
@@ -385,6 +450,63 @@ def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
             ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag)]
     return pd.DataFrame(rows, columns=["", "paper / reference", "these runs"])
 
+# %% ../nbs/60_report.ipynb #724c30e2
+BACKEND_NAMES = {"mini": "CPU testbed", "areal": "AReaL cluster"}
+
+def _task_name(c:dict) -> str|None:
+    "Short name of a run's task: the testbed family, or the dataset (MATH-hard only for MATH level-5 data)."
+    if "difficulty" in c:
+        return {"chain": "chained arithmetic", "add": "addition"}.get(c.get("family", "add"), c.get("family"))
+    td = c.get("train_dataset")
+    data = str(c.get("dataset") or (td.get("path") if isinstance(td, dict) else td) or "")  # AReaL: train_dataset.path
+    if "math" in data.lower():
+        return "MATH-hard" if "hard" in data.lower() or c.get("levels") in ([5], "hard") else "MATH"
+    return Path(data).name or None
+
+def _model_name(c:dict) -> str|None:
+    m = (c.get("warm_start") or {}).get("model")
+    if m:
+        return f"{m.get('n_layers')}-layer transformer"
+    path = c.get("model") or (c.get("actor") or {}).get("path")  # AReaL: actor.path
+    return Path(str(path)).name if path else None
+
+def report_title(runs_df:pd.DataFrame) -> str:
+    "The report's title, from what its runs are: task family, backend and model."
+    cfgs = [c for c in runs_df.config if isinstance(c, dict)]
+    def names(f):
+        return ", ".join(sorted({v for v in map(f, cfgs) if v})) or "unknown"
+    backends = ", ".join(BACKEND_NAMES.get(b, b) for b in sorted(runs_df.backend.unique())) or "no runs"
+    return f"SAO and the settings it is compared with: {names(_task_name)} ({backends}, {names(_model_name)})"
+
+# %% ../nbs/60_report.ipynb #c1e1e3f0
+def _vals(cfgs, f) -> str:
+    return ", ".join(sorted({str(v) for v in map(f, cfgs) if v not in (None, "")})) or "-"
+
+def testbed_limits(df:pd.DataFrame, runs_df:pd.DataFrame) -> str:
+    "What the CPU-testbed runs cannot show, in numbers read from them (empty when no testbed run is present)."
+    cfgs = [c for b, c in zip(runs_df.backend, runs_df.config) if b == "mini" and isinstance(c, dict)]
+    if not cfgs:
+        return ""
+    mini = df[df.run.isin(runs_df.run[runs_df.backend == "mini"])]
+    rl = mini[mini.metric == "rollout/resp_len"].value.dropna()
+    resp = f"responses average {rl.mean():.1f} tokens (`rollout/resp_len` over all steps of these runs)" if len(rl) else "response lengths were not logged"
+    model = _vals(cfgs, lambda c: (lambda m: f"{m.get('n_layers')}-layer transformer, d_model {m.get('d_model')}, "
+                                            f"vocabulary {m.get('vocab_size')}" if m else None)((c.get("warm_start") or {}).get("model")))
+    lag = _vals(cfgs, lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), logit noise {c.get('noise')}, engine {c.get('behav_dtype')}")
+    steps = "/".join(map(str, sorted({int(s) for s in mini.step.groupby(mini.run).max()}))) if len(mini) else "-"
+    grpo = next((r for r in REFERENCE_RESULTS if r["setting"] == "grpo"), None)
+    collapse = (f" The reference GRPO run fell from ~{grpo['acc_start']:.0%} to ~{grpo['acc_end']:.0%} over {grpo['steps']} "
+                f"steps; these runs have {steps} steps." if grpo else "")
+    can = ("**What the testbed runs can show.** The mechanics of each setting under asynchrony: with a stale, noisy "
+           "behaviour policy, how many tokens DIS drops, whether a critic learns values that explain the returns of "
+           "single rollouts, how a running-mean or batch-normalized baseline behaves with one trajectory per prompt, and "
+           "whether accuracy rises or falls over the same trajectory budget.\n\n")
+    return can + (f"**What the testbed runs cannot show.** Whether effect sizes carry over to a 4B-parameter model reasoning "
+            f"at length on MATH: here {resp}; the model is a {model}; off-policyness comes from a configured {lag} rather "
+            f"than a separate inference engine; the reward is the exact final answer of {_vals(cfgs, _task_name)} problems."
+            f"{collapse} Agreement in direction is informative, magnitudes are not. The cluster backend (`areal`) writes "
+            "the same run folders, so this report renders cluster runs unchanged.")
+
 # %% ../nbs/60_report.ipynb #2b7fc3a6
 REPORT_NB = "report/math_hard_report.ipynb"
 REPORT_NAME = "math_hard_report"
@@ -433,12 +555,42 @@ def _kernel_env():
 
 def execute_report(notebook:Path, out_nb:Path, params:dict, timeout:int=600) -> Path:
     "Execute the report notebook with papermill into `out_nb`."
+    return run_notebook(notebook, out_nb, params, cwd=Path(notebook).parent, execution_timeout=timeout)
+
+# %% ../nbs/60_report.ipynb #5de79f69
+def kernel_transport(folder) -> dict:
+    "KernelManager settings: IPC sockets in `folder` (private to one kernel) on POSIX, else TCP."
+    if os.name != "posix":
+        return {"transport": "tcp"}
+    return {"transport": "ipc", "ip": str(Path(folder)/"kernel")}
+
+def kernel_manager_class(folder):
+    "An AsyncKernelManager whose kernels use `kernel_transport(folder)`."
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+    conf = kernel_transport(folder)
+    class LocalKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return conf["transport"]
+        @default("ip")
+        def _ip_default(self):
+            return conf.get("ip", "127.0.0.1")
+    return LocalKernelManager
+
+def run_notebook(notebook, # the notebook to execute
+                 out_nb, # where the executed copy is written
+                 parameters:dict|None=None, # papermill parameters
+                 **kwargs, # further papermill.execute_notebook arguments (cwd, execution_timeout, ...)
+                ) -> Path:
+    "Execute a notebook with papermill on a local python3 kernel that imports this sao_repro."
     import papermill as pm
     _kernel_env()
-    out_nb.parent.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(str(notebook), str(out_nb), parameters=params, kernel_name="python3",
-                        progress_bar=False, cwd=str(Path(notebook).parent), execution_timeout=timeout)
-    return out_nb
+    Path(out_nb).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sao-kernel-") as sockets:
+        pm.execute_notebook(str(notebook), str(out_nb), parameters=parameters or {}, kernel_name="python3",
+                            progress_bar=False, kernel_manager_class=kernel_manager_class(sockets), **kwargs)
+    return Path(out_nb)
 
 # %% ../nbs/60_report.ipynb #086ea697
 OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
@@ -454,7 +606,15 @@ EXTRA_CSS = """body { max-width: 1100px; margin: 0 auto; padding: 0 1.5em; }
 .sao-nav { font: 14px sans-serif; padding: .6em 0; border-bottom: 1px solid #ddd; margin-bottom: 1em; }
 .sao-nav a { margin-right: 1em; }
 img { max-width: 100%; }
-@media print { body { max-width: none; padding: 0; } .jp-OutputArea-output img, table { break-inside: avoid; } }
+details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11px; }
+@page { size: A4; margin: 14mm 12mm; }  /* A4 is the narrower of A4 and Letter: what fits it fits both */
+@media print {
+  body { max-width: none; padding: 0; }
+  .jp-OutputArea-output img, table { break-inside: avoid; }
+  .jp-RenderedHTMLCommon table { font-size: 8.5px; width: 100%; max-width: 100%; table-layout: auto; }
+  .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; overflow-wrap: break-word; padding: 2px 4px; }
+  code, pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }
+}
 """
 
 def html_exporter(exclude_input:bool=True):
@@ -583,6 +743,18 @@ def write_numbers(runs, path:Path, start_steps:int=50, end_steps:int=50) -> pd.D
     path.write_text(nt.to_json(orient="records", indent=1))
     return nt
 
+# %% ../nbs/60_report.ipynb #a5cd72d7
+def set_notebook_title(nb_path:Path, title:str) -> Path:
+    "Give an executed report its title: notebook metadata (nbconvert's <title>) and the front matter (Quarto)."
+    import nbformat
+    nb = nbformat.read(str(nb_path), as_version=4)
+    nb.metadata["title"] = title
+    for c in nb.cells[:1]:
+        if c.cell_type == "raw" and c.source.lstrip().startswith("---"):
+            c.source = re.sub(r"^title:.*$", "title: " + json.dumps(title), c.source, count=1, flags=re.M)
+    nbformat.write(nb, str(nb_path))
+    return Path(nb_path)
+
 # %% ../nbs/60_report.ipynb #f820471a
 def sweep_result_files(sweeps) -> list[Path]:
     "The `results.json` of each sweep under `sweeps` (none when `sweeps` is None)."
@@ -606,13 +778,13 @@ def render_report(runs="runs", # runs folder
         raise FileNotFoundError(f"no run folders (metrics.jsonl, config.json) under {runs}; "
                                 f"make runs with `sao-repro compare --out {runs}` first")
     command = command or f"sao-repro report --runs {runs} --out {out}"
-    params = {"runs_dir": str(runs.resolve()), "runs_label": str(runs), "start_steps": start_steps,
+    params = {"runs_dir": str(runs.resolve()), "runs_label": display_path(runs), "start_steps": start_steps,
               "end_steps": end_steps, "smooth_steps": smooth_steps, "command": command}
     results = sweep_result_files(sweeps)
     if sweeps is not None:
         if not results:
             raise FileNotFoundError(f"no <name>/results.json under {sweeps}; run `sao-repro sweep CONFIG` first")
-        params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": str(sweeps)})
+        params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps)})
     use_quarto = bool(engine == "quarto" or (engine == "auto" and shutil.which("quarto")))
     key = runs_fingerprint(runs, [nb, _module_file(), *results],
                            {**{k: v for k, v in params.items() if k not in ("runs_dir", "sweeps_dir")}, "quarto": use_quarto})
@@ -626,6 +798,7 @@ def render_report(runs="runs", # runs folder
     else:
         stamp.unlink(missing_ok=True)
         execute_report(nb, paths["notebook"], params)
+        set_notebook_title(paths["notebook"], report_title(load_runs(runs)[1]))
         if use_quarto:
             _quarto_html(paths["notebook"].resolve(), paths["html"])
         else:
@@ -674,9 +847,10 @@ def report_main(argv:list[str]|None=None) -> int:
     bad = [f for f in formats if f not in ("html", "pdf")]
     if bad or not formats:
         p.error(f"--format {a.format!r}: use html, pdf or html,pdf")
-    cmd = f"sao-repro report --runs {shlex.quote(a.runs)} --out {shlex.quote(a.out)}"
+    cmd = f"sao-repro report --runs {shlex.quote(display_path(a.runs))} --out {shlex.quote(display_path(a.out))}"
     for flag, v, default in (("--start-steps", a.start_steps, 50), ("--end-steps", a.end_steps, 50),
-                             ("--smooth", a.smooth, 10), ("--notebook", a.notebook, None), ("--sweeps", a.sweeps, None)):
+                             ("--smooth", a.smooth, 10), ("--notebook", a.notebook, None),
+                             ("--sweeps", a.sweeps and display_path(a.sweeps), None)):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
     try:
         res = render_report(a.runs, a.out, formats, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,
@@ -696,7 +870,8 @@ def report_main(argv:list[str]|None=None) -> int:
 
 # %% ../nbs/60_report.ipynb #6f9544df
 DOC_SECTIONS = [(0, 20, "Algorithm"), (20, 30, "Data and reward"), (30, 40, "CPU testbed"), (40, 50, "Cluster (AReaL)"),
-                (50, 60, "Metrics and monitor"), (60, 90, "Report and docs"), (90, 100, "Command line")]
+                (50, 60, "Metrics and monitor"), (60, 70, "Report and docs"),
+                (70, 90, "Operations"), (90, 100, "Command line")]
 
 def doc_notebooks(root=".") -> list[Path]:
     "The documentation notebooks `nbs/NN_*.ipynb` (relative to `root`), in order."

@@ -6,6 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/settings.html.md"""
 
 # %% ../nbs/15_settings.ipynb #0bb51524
 from __future__ import annotations
+import hashlib
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
@@ -13,7 +14,8 @@ from .dis import dis_band, DIS_CONVENTIONS
 from .advantages import list_advantages
 
 # %% auto #0
-__all__ = ['SETTINGS', 'DIS', 'Setting', 'register_setting', 'list_settings', 'get_setting', 'load_setting_yaml', 'setting_yaml']
+__all__ = ['SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'register_setting', 'list_settings', 'get_setting',
+           'setting_color', 'load_setting_yaml', 'setting_yaml']
 
 # %% ../nbs/15_settings.ipynb #a5826548
 @dataclass(frozen=True)
@@ -97,6 +99,17 @@ register_setting(Setting("running_mean", "single rollout without critic or DIS: 
                          group_size=1, advantage="running_mean"))
 register_setting(Setting("single_dis", "isolates the critic: single rollout with DIS, batch-normalized reward",
                          group_size=1, dis_band=DIS, advantage="batch_norm"));
+
+# %% ../nbs/15_settings.ipynb #0e2076b8
+SETTING_COLORS = {"sao": "#d62728", "grpo": "#1f77b4", "grpo_dis": "#2ca02c", "running_mean": "#9467bd",
+                  "single_dis": "#ff7f0e"}
+EXTRA_COLORS = ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+def setting_color(name:str) -> str:
+    "The one colour of a setting in every figure and in the monitor (unknown names: a fixed colour per name)."
+    if name in SETTING_COLORS:
+        return SETTING_COLORS[name]
+    return EXTRA_COLORS[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(EXTRA_COLORS)]
 
 # %% ../nbs/15_settings.ipynb #5b9d4142
 def load_setting_yaml(path:str|Path) -> Setting:

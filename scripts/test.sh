@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# The project's test command: every notebook's cells, then pytest.
+# The project's test command: every notebook's cells, then pytest. `make test` runs it inside .venv (after
+# checking for Chromium); run directly, it uses the active environment, else ./.venv when that exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v nbdev-test >/dev/null 2>&1; then
+  if [ -x .venv/bin/nbdev-test ]; then
+    export PATH="$PWD/.venv/bin:$PATH"
+  else
+    echo "scripts/test.sh: nbdev-test not found; run \`make test\` (installs .venv) or activate the environment" >&2
+    exit 1
+  fi
+fi
 nbdev-test --n-workers 2
 python -m pytest -q "$@"

@@ -197,12 +197,10 @@ def test_compare_papermill_smoke(tmp_path, capsys):
 
 def test_run_setting_notebook_smoke(tmp_path):
     "The run notebook itself, executed by papermill with smoke=True, trains and draws its curves."
-    import papermill as pm
-    from sao_repro.mini.cli import _kernel_can_import_package, find_run_notebook
-    _kernel_can_import_package()
+    from sao_repro.mini.cli import find_run_notebook
+    from sao_repro.report import run_notebook
     out_nb = tmp_path / "executed.ipynb"
-    pm.execute_notebook(str(find_run_notebook()), str(out_nb), kernel_name="python3", progress_bar=False,
-                        parameters={"setting": "grpo_dis", "seed": 3, "smoke": True, "out_dir": str(tmp_path)})
+    run_notebook(find_run_notebook(), out_nb, {"setting": "grpo_dis", "seed": 3, "smoke": True, "out_dir": str(tmp_path)})
     d = tmp_path / "mini" / "grpo_dis" / "seed3"
     assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
     assert json.loads((d / "config.json").read_text())["preset"] == "smoke"

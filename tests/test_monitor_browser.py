@@ -5,6 +5,7 @@ JSON messages separated by NUL bytes on fds 3 and 4), so no driver package is ne
 The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 """
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -17,14 +18,15 @@ from pathlib import Path
 import pytest
 
 from sao_repro.monitor import serve_in_thread
+from sao_repro.monitor import SMOOTH_STEPS
+from sao_repro.report import find_chromium
+from sao_repro.settings import setting_color
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("SAO_ARTIFACTS", HERE.parent / "artifacts"))
-CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
-                             shutil.which("google-chrome")) if p), None)
+CHROMIUM = find_chromium()
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium: apt-get install -y chromium")]
+pytestmark = pytest.mark.browser  # without Chromium: skipped, or failed under CI (tests/conftest.py)
 
 
 class Chrome:
@@ -35,9 +37,10 @@ class Chrome:
         to_chrome_r, self.to_chrome = os.pipe()
         self.from_chrome, from_chrome_w = os.pipe()
 
-        def wire():
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
+        def wire():  # move both ends above fd 4 first: a pipe end may itself be fd 3 or 4 in a fresh process
+            r, w = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
 
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
@@ -107,6 +110,10 @@ STATE_JS = """(() => {
 })()"""
 
 
+def rgb(hex_color):
+    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+
+
 def wait_for(chrome, pred, timeout, what):
     deadline = time.monotonic() + timeout
     state = None
@@ -138,6 +145,12 @@ def test_monitor_page_updates_live(tmp_path):
         assert first["flags"][sao] == "" and first["flags"][grpo] == ""
         assert set(first["points"]) >= {"acc", "reward/mean", "dis/kept_frac", "dis/masked_frac",
                                         "critic/explained_var", "rollout/resp_len", "rollout/policy_lag"}
+        # smoothed by default (EMA span 20), raw points drawn behind, the report's colour per setting
+        assert chrome.eval("document.getElementById('smooth').value") == str(SMOOTH_STEPS) == "20"
+        assert chrome.eval("+document.querySelector('canvas[data-metric=acc]').dataset.rawPoints") == first["points"]["acc"]
+        swatches = chrome.eval("[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
+                               "getComputedStyle(s.querySelector('i')).backgroundColor])")
+        assert dict(swatches) == {s: "rgb(%d, %d, %d)" % rgb(setting_color(s)) for s in ("sao", "grpo")}
         later = wait_for(chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30,
                          "the accuracy plot to grow")
         assert later["polls"] > first["polls"]
@@ -161,6 +174,40 @@ def test_monitor_page_updates_live(tmp_path):
         if writer.poll() is None:
             writer.kill()
             writer.wait()
+
+
+def readme_screenshot_command():
+    "The README's monitor screenshot command, as argv."
+    import shlex
+    readme = (HERE.parent / "README.md").read_text()
+    block = readme.split("## Watching runs live", 1)[1]
+    line = next(l for l in block.replace("\\\n", " ").splitlines() if l.startswith("chromium ") and "--screenshot" in l)
+    return shlex.split(line)
+
+
+def test_readme_screenshot_command_waits_for_the_data(tmp_path):
+    "The README's chromium command, pointed at a monitor over finished runs, shows their curves, not 'loading'."
+    from PIL import Image
+    logs = tmp_path / "runs"
+    logs.mkdir()
+    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
+                    "--steps", "60", "--interval", "0"], check=True)
+    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
+    try:
+        argv = readme_screenshot_command()
+        assert any(a.startswith("--virtual-time-budget=") for a in argv)
+        png = tmp_path / "monitor.png"
+        argv = [CHROMIUM] + [f"--screenshot={png}" if a.startswith("--screenshot=") else srv.url if a.startswith("http")
+                             else a for a in argv[1:]]
+        with tempfile.TemporaryDirectory() as prof:
+            subprocess.run(argv + [f"--user-data-dir={prof}"], check=True, timeout=120, capture_output=True)
+        im = Image.open(png).convert("RGB")
+        counts = {c: n for n, c in im.getcolors(1 << 24)}
+        for s in ("sao", "grpo"):  # the smoothed lines, in the setting's colour
+            assert counts.get(rgb(setting_color(s)), 0) > 500, s
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ of the smoke-size model on 1-digit arithmetic (so accuracy is not stuck at 0), i
 import json
 import math
 import re
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -38,10 +39,12 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rendered(runs, tmp_path_factory):
-    "The report rendered once through the CLI function (html, plus pdf when Chromium is present)."
+    "The report rendered once through the CLI function (html, plus pdf when Chromium is present), relative paths."
     out = tmp_path_factory.mktemp("report")
     fmt = "html,pdf" if R.find_chromium() else "html"
-    assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", fmt, "--engine", "nbconvert"]) == 0
+    with pytest.MonkeyPatch.context() as mp:  # from the folder holding the runs, with relative paths as a user types them
+        mp.chdir(runs.parent)
+        assert R.report_main(["--runs", runs.name, "--out", out.name, "--format", fmt, "--engine", "nbconvert"]) == 0
     return out
 
 
@@ -139,17 +142,18 @@ def test_reference_numbers_are_separate_and_labeled(rendered):
 def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
-    assert len(lines) == 6  # numbers, per run, 3 figures, distance (design / reference name their sources)
+    assert len(lines) == 7  # accuracy, headline, numbers, per run, DIS, critic, distance (design / reference name their sources)
     named = [set(re.findall(r"mini/(\w+)/seed(\d)", line)) for line in lines]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert named[0] == named[1] == named[2] == named[5] == every  # numbers, per run, accuracy, distance
-    assert named[3] == named[4] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
+    assert named[0] == named[1] == named[2] == named[3] == named[6] == every
+    assert named[4] == named[5] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
     assert html.count("sao-repro report --runs") >= 8
     assert "sao-repro run --setting sao --seed 1 --steps 60" in html
 
 
 def test_rerender_with_unchanged_runs_is_reused(rendered, runs, monkeypatch, capsys, tmp_path):
     "Same runs: nothing is executed again, whatever --format / --screenshot ask for; outputs are untouched."
+    monkeypatch.chdir(runs.parent)  # the paths as the first render named them
     outs = [rendered / f"math_hard_report.{x}" for x in ("ipynb", "html")] + [rendered / "numbers.json"]
     before = [p.stat().st_mtime_ns for p in outs]
     def boom(*a, **k):
@@ -157,16 +161,16 @@ def test_rerender_with_unchanged_runs_is_reused(rendered, runs, monkeypatch, cap
     monkeypatch.setattr(R, "execute_report", boom)
     monkeypatch.setattr(R, "notebook_to_html", boom)
     for fmt in ("html", "html,pdf"):
-        assert R.report_main(["--runs", str(runs), "--out", str(rendered), "--format", fmt, "--engine", "nbconvert"]) == 0
+        assert R.report_main(["--runs", runs.name, "--out", rendered.name, "--format", fmt, "--engine", "nbconvert"]) == 0
         assert "inputs unchanged, reused" in capsys.readouterr().out
     assert [p.stat().st_mtime_ns for p in outs] == before
     if R.find_chromium():
         pdf = rendered / "math_hard_report.pdf"
         t = pdf.stat().st_mtime_ns
-        assert R.report_main(["--runs", str(runs), "--out", str(rendered), "--format", "pdf"]) == 0
+        assert R.report_main(["--runs", runs.name, "--out", rendered.name, "--format", "pdf"]) == 0
         assert pdf.stat().st_mtime_ns == t
     with pytest.raises(AssertionError, match="executed again"):  # a changed window is a different report
-        R.report_main(["--runs", str(runs), "--out", str(rendered), "--start-steps", "10"])
+        R.report_main(["--runs", runs.name, "--out", rendered.name, "--start-steps", "10"])
 
 
 def test_missing_or_empty_runs_folder_is_a_clear_error(tmp_path, capsys):
@@ -180,8 +184,6 @@ def test_missing_or_empty_runs_folder_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.browser
 def test_pdf_and_screenshot(rendered, tmp_path):
-    if not R.find_chromium():
-        pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
     pdf = rendered / "math_hard_report.pdf"
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 20_000
     png = R.screenshot(rendered / "math_hard_report.html", tmp_path / "shot.png")
@@ -230,12 +232,9 @@ def test_offline_docs_site(rendered, tmp_path):
 @pytest.mark.slow
 def test_explore_notebook_loads_a_run(runs, tmp_path):
     "experiments/explore_run.ipynb runs on a testbed run folder and plots the DIS ratios and advantages."
-    import papermill as pm
-    R._kernel_env()
     out = tmp_path / "explore.ipynb"
-    pm.execute_notebook(str(ROOT / "experiments" / "explore_run.ipynb"), str(out), kernel_name="python3",
-                        parameters={"run_dir": str(runs / "mini" / "sao" / "seed0")}, progress_bar=False,
-                        cwd=str(ROOT / "experiments"))
+    R.run_notebook(ROOT / "experiments" / "explore_run.ipynb", out, {"run_dir": str(runs / "mini" / "sao" / "seed0")},
+                   cwd=str(ROOT / "experiments"))
     nb = json.loads(out.read_text())
     pngs = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(pngs) == 2
@@ -275,3 +274,113 @@ def test_sweep_findings_section(runs, tmp_path):
     assert rows["GRPO collapses"][3] == R.fmt_ci(statistics.mean(drop), T975[1] * statistics.stdev(drop) / math.sqrt(2))
     assert rows["SAO above GRPO"][6] in ("reproduced", "opposite", "not resolved")  # the online verdict column
     assert R.report_main(["--runs", str(runs), "--out", str(out), "--sweeps", str(tmp_path / "nothing")]) == 1
+
+
+A4_TEXT_MM = (210 - 2 * 12, 297 - 2 * 14)  # the report's @page: A4, margins 12 mm left/right, 14 mm top/bottom
+
+TABLE_FIT_JS = """(() => [...document.querySelectorAll('table')].map(t => {
+  const over = [];
+  for (let e = t; e && e !== document.documentElement; e = e.parentElement)
+    if (e.scrollWidth > e.clientWidth + 1) over.push(e.tagName + '.' + e.className + ' ' + e.scrollWidth + '>' + e.clientWidth);
+  return {id: t.id, right: t.getBoundingClientRect().right, over: over};
+}))()"""
+
+
+def page_margin_ink(pdf, out_dir, dpi=50):
+    "pdftoppm page images; per page, the darkest grey level inside the left / right page margins (255 = blank)."
+    import subprocess
+    from PIL import Image
+    subprocess.run(["pdftoppm", "-r", str(dpi), "-png", str(pdf), str(out_dir / "page")], check=True)
+    pages = sorted(out_dir.glob("page-*.png"))
+    m = int(12 / 25.4 * dpi) - 2  # the margin, less 2 px of anti-aliasing
+    res = []
+    for p in pages:
+        im = Image.open(p).convert("L")
+        w, h = im.size
+        res.append((p.name, im.crop((0, 0, m, h)).getextrema()[0], im.crop((w - m, 0, w, h)).getextrema()[0], (w, h)))
+    return res
+
+
+@pytest.mark.browser
+def test_pdf_pages_hold_every_table_whole(rendered, tmp_path):
+    "Printed on A4, no table is wider than the text block: laid out by Chromium in print media, and on the PDF's pages."
+    from test_monitor_browser import Chrome
+    pdf = rendered / "math_hard_report.pdf"
+    pages = page_margin_ink(pdf, tmp_path)
+    assert len(pages) >= 3
+    for name, left, right, (w, h) in pages:
+        assert abs(w / h - 210 / 297) < 0.01, (name, w, h)  # A4
+        assert left > 200 and right > 200, f"{name}: ink in the page margin (a table or figure wider than the text block)"
+    width = round(A4_TEXT_MM[0] / 25.4 * 96)  # CSS px of the text block
+    chrome = Chrome(width=width, height=1100)
+    try:
+        chrome.page("Emulation.setEmulatedMedia", media="print")
+        chrome.page("Emulation.setDeviceMetricsOverride", width=width, height=1100, deviceScaleFactor=1, mobile=False)
+        chrome.page("Page.enable")
+        chrome.page("Page.navigate", url=(rendered / "math_hard_report.html").resolve().as_uri())
+        tables = None
+        for _ in range(50):
+            try:
+                tables = chrome.eval(TABLE_FIT_JS)
+                if tables and chrome.eval("document.readyState") == "complete":
+                    break
+            except RuntimeError:
+                pass
+            time.sleep(0.2)
+    finally:
+        chrome.close()
+    assert {t["id"] for t in tables} >= {"headline-table", "numbers-table", "runs-table", "design-table", "distance-table"}
+    for t in tables:
+        assert t["right"] <= width + 1 and not t["over"], t
+
+
+def test_figures_are_at_print_resolution(rendered):
+    import base64
+    import io
+    from PIL import Image
+    html = (rendered / "math_hard_report.html").read_text()
+    pngs = [Image.open(io.BytesIO(base64.b64decode(b))) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
+    assert len(pngs) >= 3
+    for im in pngs:
+        assert round(im.info["dpi"][0]) >= 200, im.info
+        assert im.width >= 1400  # 7 inches or more at 200 dpi: sharp across the text block
+
+
+def test_first_screen_title_folded_provenance_and_relative_paths(rendered, runs):
+    "Title from the runs; the headline figure and table come first; run commands folded; no absolute paths."
+    html = (rendered / "math_hard_report.html").read_text()
+    cfg = json.loads((runs / "mini" / "sao" / "seed0" / "config.json").read_text())
+    title = f"SAO and the settings it is compared with: addition (CPU testbed, {cfg['warm_start']['model']['n_layers']}-layer transformer)"
+    assert f"<title>{title}</title>" in html and "MATH-hard" not in title
+    body = html.split("</style>")[-1]
+    h1 = body.index("<h1")
+    assert title in re.sub(r"<[^>]+>", "", body[h1:body.index("</h1>")])
+    assert h1 < body.index("data:image/png") < body.index('id="headline-table"') < body.index('id="design-table"')
+    folded = re.findall(r"<details>(.*?)</details>", body, flags=re.S)
+    assert len(folded) == 1 and folded[0].count("sao-repro run ") == len(SETTINGS) * len(SEEDS)
+    assert body.count("sao-repro run ") == len(SETTINGS) * len(SEEDS)  # the commands appear only in the folded block
+    assert str(runs.parent) not in html and "--out runs" in folded[0]
+    assert "report --runs runs" in body
+
+
+def test_headline_numbers_are_held_out_and_online_from_the_metrics(rendered, runs):
+    "Held-out: first evaluation and the evaluations of the last 50 steps; online: first / last 50 steps; mean ± t CI."
+    html = (rendered / "math_hard_report.html").read_text()
+    rows = {r["setting"]: r for r in table(html, "headline-table")}
+
+    def mci(xs):
+        m = sum(xs) / len(xs)
+        return m, T975[len(xs) - 1] * math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs))
+    for s in SETTINGS:
+        h0, h1, a0, a1 = [], [], [], []
+        for k in SEEDS:
+            ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
+            ev = [(m["step"], m["eval/acc"]) for m in ms if m.get("eval/acc") is not None]
+            h0.append(ev[0][1])
+            h1.append(sum(v for st, v in ev if st > STEPS - 50) / sum(1 for st, v in ev if st > STEPS - 50))
+            a0.append(sum(m["acc"] for m in ms if m["step"] <= 50) / sum(1 for m in ms if m["step"] <= 50))
+            a1.append(sum(m["acc"] for m in ms if m["step"] > STEPS - 50) / sum(1 for m in ms if m["step"] > STEPS - 50))
+        fmt = lambda a, b: "{:.3f} ± {:.3f} -> {:.3f} ± {:.3f}".format(*mci(a), *mci(b))
+        assert rows[s]["held-out accuracy: first evaluation -> last 50 steps"] == fmt(h0, h1)
+        assert rows[s]["online accuracy: first 50 -> last 50 steps"] == fmt(a0, a1)
+        assert rows[s]["seeds"] == "2" and rows[s]["steps"] == str(STEPS)

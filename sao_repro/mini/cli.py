@@ -24,7 +24,7 @@ from ..settings import list_settings
 from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
                                   check_fresh, read_metrics, train_run)
 from ..guards import RunInterrupted
-from ..report import fmt_ci, mean_ci as report_mean_ci
+from ..report import fmt_ci, mean_ci as report_mean_ci, run_notebook
 
 # %% auto #0
 __all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'mean_ci',
@@ -270,19 +270,9 @@ def check_parameters_cell(notebook: Path):
         raise ValueError(f"{notebook} has no cell tagged 'parameters' (a notebook cleaner may have stripped "
                          "cell tags); restore the tag before running compare")
 
-def _kernel_can_import_package():
-    "Let the papermill kernel import this sao_repro even when it is not pip-installed (a plain checkout)."
-    import sao_repro
-    root = str(Path(sao_repro.__file__).resolve().parent.parent)
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p])
-
 def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, backend: str, out: str,
                 smoke: bool, overrides: dict, resume: bool = False, overwrite: bool = False) -> Path:
     "Execute the run notebook for one (setting, seed); the executed copy lands in the run folder (`resume`: continue it)."
-    import papermill as pm
-    _kernel_can_import_package()
     out = Path(out).resolve()  # absolute paths only: runs execute side by side in threads of one process
     run_dir = out / backend / setting / f"seed{seed}"
     if backend == "mini" and not resume:
@@ -294,8 +284,7 @@ def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, back
         params["resume"] = True
     if overwrite:
         params["overwrite"] = True
-    pm.execute_notebook(str(Path(notebook).resolve()), str(run_dir / "run_setting.ipynb"), parameters=params,
-                        kernel_name="python3", progress_bar=False)
+    run_notebook(Path(notebook).resolve(), run_dir / "run_setting.ipynb", params)
     return run_dir
 
 # %% ../../nbs/34_mini_cli.ipynb #8debba7b
