@@ -106,7 +106,9 @@ def test_every_setting_completes_with_equal_trajectories(rehearsed):
 def test_sao_warmup_critic_passes_and_explained_variance(rehearsed):
     rs = rows(run_dir(rehearsed, "sao"))
     assert [r["actor/warmup"] for r in rs] == [1.0] * 10 + [0.0] * 2
-    assert all(math.isfinite(r["critic/explained_var"]) for r in rs)
+    # logged wherever it is defined: a step whose 16 rewards are all equal has returns of variance 0
+    ev = [r["critic/explained_var"] for r in rs if "critic/explained_var" in r]
+    assert len(ev) >= 8 and all(math.isfinite(v) for v in ev)
     for r in rs[10:]:  # after warmup the actor trains: the critic took K=2 passes over the same tokens
         assert r["areal/ppo_critic/n_valid_tokens"] == 2 * r["areal/ppo_actor/n_valid_tokens"]
     assert all("areal/ppo_actor/n_valid_tokens" not in r for r in rs[:10])  # no policy update during warmup
@@ -194,7 +196,7 @@ def test_omegaconf_pinned_as_areal_pins_it():
 
 
 @needs_areal
-def test_yaml_scheduling_specs_load_and_take_reward_env(tmp_path):
+def test_yaml_scheduling_specs_load_and_take_reward_env(tmp_path, monkeypatch):
     "omegaconf 2.4.0 (final) turned these into tuples of dicts: 'dict' object has no attribute 'gpu'."
     from sao_repro.areal.config import load_sao_config
     from sao_repro.areal.train import _export_reward_env
@@ -204,6 +206,8 @@ def test_yaml_scheduling_specs_load_and_take_reward_env(tmp_path):
     cfg = load_sao_config(ROOT / "configs" / "phase2_hard_sao.yaml", [], dotenv=None, placeholders=True, overlays=[ov])
     spec = cfg.rollout.scheduling_spec[0]
     assert (spec.gpu, spec.cpu) == (0, 2)
+    for k in ("SAO_REWARD_BACKEND", "SAO_REWARD_WORKERS", "SAO_REWARD_TIMEOUT_S"):
+        monkeypatch.setenv(k, "")  # restored after the test: _export_reward_env sets them for this process
     _export_reward_env(cfg)
     assert spec.env_vars["FOO"] == "bar" and spec.env_vars["SAO_REWARD_BACKEND"] == cfg.reward.backend
 
