@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'REHEARSAL_ENV', 'SETTING_CONFIGS', 'GPU',
-           'classify_gpus', 'preflight_report', 'run_preflight', 'preflight_main', 'Step', 'launch_plan',
+__all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'SETTING_CONFIGS',
+           'GPU', 'classify_gpus', 'preflight_report', 'run_preflight', 'preflight_main', 'Step', 'launch_plan',
            'execute_plan', 'rehearsal_plan', 'areal_config_main', 'repo_dir', 'is_finished', 'launch_one',
            'summary_table', 'launch_parser', 'launch_main', 'setting_config', 'launch_setting']
 
@@ -187,19 +187,28 @@ def execute_plan(
 
 # %% ../nbs/41_launch.ipynb #0fbc1bd4
 REHEARSAL_ENV = "CPU_REHEARSAL"
+# a CPU Ray head for rehearsals: 8 logical CPUs, so actor, critic and rollout workers (1 CPU each) fit on 2 cores
+CPU_RAY_HEAD = ["ray", "start", "--head", "--disable-usage-stats", "--include-dashboard=false", "--num-cpus=8"]
 
 def rehearsal_plan(
     cfg, # the loaded cluster config (its setting, seed and reward section)
     config:str, # its file
+    overrides:list[str]=(), # key=value overrides: seed= (already in cfg) and total_train_steps= apply
     out:str="runs_rehearsal", # rehearsal runs root
-    steps:int|None=None, # training steps (None: the rehearsal's default)
     python:str=sys.executable,
 ) -> list[Step]:
-    "The cluster launch's steps with the GPU preflight skipped and `sao-repro rehearse` as the training step."
+    "The cluster launch's steps with the GPU preflight skipped, a CPU Ray head, and `sao-repro rehearse` on Ray as the training step."
+    other = [o for o in overrides if o.split("=")[0] not in ("seed", "total_train_steps")]
+    if other:
+        raise ValueError(f"under {REHEARSAL_ENV}=1 only seed= and total_train_steps= apply; drop {' '.join(other)}")
+    steps = [o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps=")]
     cmd = [python, "-m", "sao_repro.cli", "rehearse", "--setting", cfg.sao.setting, "--seed", str(cfg.seed),
-           "--out", str(out), "--overwrite", *(["--steps", str(steps)] if steps else [])]
-    plan = [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")]
-    return plan + launch_plan(config, [], cfg.reward.backend, 1, cfg.reward.timeout_s, preflight=False, train_cmd=cmd)
+           "--out", str(out), "--overwrite", "--scheduler", "ray", *(["--steps", steps[-1]] if steps else [])]
+    plan = launch_plan(config, [], cfg.reward.backend, 1, cfg.reward.timeout_s, preflight=False, train_cmd=cmd)
+    for s in plan:
+        if s.name == "ray-up":
+            s.cmd = list(CPU_RAY_HEAD)
+    return [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")] + plan
 
 # %% ../nbs/41_launch.ipynb #acbd7611
 def _split_args(items:list[str]) -> tuple[list[str], list[str]]:
@@ -255,7 +264,7 @@ def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight
         print(f"{config}: finished already ({cfg.sao.run_dir}); skipping", file=out)
         return {**rec, "status": "skipped", "returncode": 0}
     if cpu_rehearsal:
-        plan = rehearsal_plan(cfg, config, rehearsal_out)
+        plan = rehearsal_plan(cfg, config, overrides, rehearsal_out)
         rec["run_dir"] = str(Path(rehearsal_out) / "areal" / cfg.sao.setting / f"seed{cfg.seed}")
     else:
         scripts = scripts_dir or str(repo_dir() / "scripts")

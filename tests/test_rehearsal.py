@@ -18,6 +18,7 @@ from sao_repro.settings import get_setting, list_settings
 
 needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
 CLI = [sys.executable, "-m", "sao_repro.cli", "rehearse"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args, **kw):
@@ -180,10 +181,45 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
     assert "resume" in events(d)
 
 
+# ---------------------------------------------------------------- AReaL's single controller: local and Ray schedulers
+
+@needs_areal
+@pytest.mark.slow
+def test_local_scheduler_runs_a_setting(tmp_path):
+    "AReaL's single controller with a worker process per role; the rollout worker starts the CPU server itself."
+    p = cli("--setting", "grpo_dis", "--steps", "2", "--out", str(tmp_path), "--scheduler", "local")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = run_dir(tmp_path, "grpo_dis")
+    assert [r["step"] for r in rows(d)] == [1, 2] and events(d)[-1] == "finish"
+    assert json.loads((d / "config.json").read_text())["rehearsal"]["scheduler"] == "local"
+    assert "LocalScheduler" in (d / "main.log").read_text()
+    assert all("dis/masked_frac" in r for r in rows(d))
+
+
+@needs_areal
+@pytest.mark.slow
+def test_cpu_rehearsal_launch_takes_the_cluster_steps_on_ray(tmp_path):
+    "CPU_REHEARSAL=1 scripts/launch_experiment.sh: preflight skipped, Ray up, reward workers, train on Ray, tear-down."
+    if R.ray_running():
+        pytest.skip("a Ray cluster is already running here; the launch would reuse it")
+    out = tmp_path / "runs"
+    summary = tmp_path / "summary.json"
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "launch_experiment.sh"), str(ROOT / "configs" / "phase2_hard_sao.yaml"),
+                        "total_train_steps=2", "--rehearsal-out", str(out), "--summary-json", str(summary)],
+                       capture_output=True, text=True, env={**os.environ, "CPU_REHEARSAL": "1"}, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    steps = {s["step"]: s["status"] for s in json.loads(summary.read_text())[0]["steps"]}
+    assert steps == {"preflight": "ok", "ray-up": "ok", "reward-up": "ok", "train": "ok", "reward-down": "ok",
+                     "ray-down": "ok"}
+    d = run_dir(out, "sao")
+    assert [r["step"] for r in rows(d)] == [1, 2]
+    assert json.loads((d / "config.json").read_text())["rehearsal"]["scheduler"] == "ray"
+    assert "RayScheduler" in (d / "main.log").read_text()
+    assert all("critic/explained_var" in r or r["actor/warmup"] == 1.0 for r in rows(d))  # the critic's own worker reports
+    assert not R.ray_running()  # torn down
+
+
 # ---------------------------------------------------------------- what a cluster user would hit
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @needs_areal
 def test_omegaconf_pinned_as_areal_pins_it():
