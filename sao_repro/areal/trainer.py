@@ -250,8 +250,9 @@ class SAOPPOTrainer(PPOTrainer):
             dist.barrier(group=self.actor.cpu_group)
             current_platform.synchronize()
         pending, self._pending_recover = getattr(self, "_pending_recover", None), None
-        if pending is not None:
-            PPOTrainer._save_recover_checkpoint(self, *pending)
+        if pending is not None:  # timed into the next step's timeperf/checkpoint_for_recover
+            with stats_tracker.record_timing("checkpoint_for_recover"):
+                PPOTrainer._save_recover_checkpoint(self, *pending)
 
 # %% ../../nbs/43_areal_trainer.ipynb #6b6fd2a6
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
