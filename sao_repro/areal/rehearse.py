@@ -9,7 +9,7 @@ __all__ = ['OVERLAY', 'SCHEDULERS', 'AREAL_CPU_DEPS', 'STEP_RE', 'PHASES', 'miss
            'RehearsalError', 'check_run_dir', 'wait_healthy', 'run_one', 'ray_running', 'ensure_ray', 'rehearse_parser',
            'rehearse_main', 'phase_seconds', 'bench_rehearsal']
 
-# %% ../../nbs/49_areal_rehearse.ipynb #2bc606fc
+# %% ../../nbs/49_areal_rehearse.ipynb #8761a5a2
 import argparse
 import importlib.util
 import json
@@ -28,7 +28,7 @@ from ..settings import get_setting, list_settings
 from ..launch import CPU_RAY_HEAD, repo_dir, setting_config
 from .train import PARENT_ENV
 
-# %% ../../nbs/49_areal_rehearse.ipynb #58725f49
+# %% ../../nbs/49_areal_rehearse.ipynb #bab3bb3c
 OVERLAY = "cpu_rehearsal.yaml"
 SCHEDULERS = ("spmd", "local", "ray")
 # what AReaL 1.0.4 imports on a CPU, and the pip requirement that provides it
@@ -40,7 +40,7 @@ def missing_deps() -> list[str]:
     "pip requirements of AReaL's CPU path that are not importable here."
     return [req for mod, req in AREAL_CPU_DEPS.items() if importlib.util.find_spec(mod) is None]
 
-# %% ../../nbs/49_areal_rehearse.ipynb #3e05909d
+# %% ../../nbs/49_areal_rehearse.ipynb #f23ea43d
 @dataclass
 class RehearsalRun:
     setting:str
@@ -90,7 +90,7 @@ def plan(
            "--overlay", str(repo_dir() / "configs" / OVERLAY), "--dotenv", os.devnull, *ov]
     return RehearsalRun(setting, seed, steps, run_dir, cmd, env, ov)
 
-# %% ../../nbs/49_areal_rehearse.ipynb #e969057c
+# %% ../../nbs/49_areal_rehearse.ipynb #2ecb332c
 class RehearsalError(RuntimeError):
     "A rehearsal that cannot start: the message says what to change."
 
@@ -117,7 +117,7 @@ def wait_healthy(url:str, proc:subprocess.Popen, timeout_s:float=120.0, log:Path
             time.sleep(0.2)
     raise RehearsalError(f"the CPU server at {url} did not answer /health within {timeout_s:.0f} s")
 
-# %% ../../nbs/49_areal_rehearse.ipynb #40b94b97
+# %% ../../nbs/49_areal_rehearse.ipynb #c5b01084
 STEP_RE = re.compile(rb"Train step (\d+)/\d+ done")
 
 def _start_server(run:RehearsalRun, port:int|None) -> tuple[subprocess.Popen, int]:
@@ -145,7 +145,7 @@ def _stop(proc:subprocess.Popen|None, grace_s:float=10.0):
         except subprocess.TimeoutExpired:
             pass
 
-# %% ../../nbs/49_areal_rehearse.ipynb #4de2def1
+# %% ../../nbs/49_areal_rehearse.ipynb #cf7e6314
 def _rss_mb(proc:subprocess.Popen) -> float:
     "Resident memory of a process and its children, in MB (0 if it is gone)."
     import psutil
@@ -201,7 +201,7 @@ def _steps_logged(run_dir:Path) -> int:
             pass
     return len(steps)
 
-# %% ../../nbs/49_areal_rehearse.ipynb #d0a451fa
+# %% ../../nbs/49_areal_rehearse.ipynb #d584cba5
 def ray_running() -> bool:
     "True if a Ray cluster runs on this machine (a client connects to it; `ray status` can fail on token auth)."
     code = "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()"
@@ -219,7 +219,7 @@ def ensure_ray() -> bool:
         raise RehearsalError(f"could not start a local Ray head ({' '.join(CPU_RAY_HEAD)}):\n{p.stderr[-2000:]}")
     return True
 
-# %% ../../nbs/49_areal_rehearse.ipynb #05d3a2c0
+# %% ../../nbs/49_areal_rehearse.ipynb #a180b027
 def rehearse_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sao-repro rehearse", description="Rehearse the cluster run on this CPU: "
                                 "AReaL 1.0.4's PPOTrainer runs python -m sao_repro.areal.train on each setting's "
@@ -260,7 +260,7 @@ def _validate(a, p):
         p.error("AReaL's CPU path needs packages that are not installed: " + ", ".join(missing)
                 + "\n  install them with: bash scripts/install_dev.sh (or pip install " + " ".join(missing) + ")")
 
-# %% ../../nbs/49_areal_rehearse.ipynb #5ce6791b
+# %% ../../nbs/49_areal_rehearse.ipynb #b6a3c385
 def rehearse_main(argv:list[str]|None=None) -> int:
     "`sao-repro rehearse`: run the settings through AReaL's own trainer on the CPU; a summary per setting."
     p = rehearse_parser()
@@ -299,10 +299,10 @@ def rehearse_main(argv:list[str]|None=None) -> int:
             subprocess.run(["ray", "stop"], capture_output=True)
     failed = [r for r in records if r["returncode"] != 0]
     print(f"rehearse: {len(records) - len(failed)}/{len(records)} settings completed ({a.scheduler} scheduler, "
-          f"{sum(r['seconds'] for r in records):.0f} s); monitor: sao-repro monitor {a.out}; report: sao-repro report {a.out}")
+          f"{sum(r['seconds'] for r in records):.0f} s); monitor: sao-repro monitor --logs {a.out}; report: sao-repro report --runs {a.out}")
     return 1 if failed else 0
 
-# %% ../../nbs/49_areal_rehearse.ipynb #da5736a4
+# %% ../../nbs/49_areal_rehearse.ipynb #809fb20e
 PHASES = {"rollout+reward": ("rollout",), "critic": ("critic_values", "critic_train_step"),
           "actor": ("recompute_logp", "compute_advantage", "train_step"), "weight update": ("update_weights",),
           "checkpoint": ("checkpoint_for_recover", "save")}
