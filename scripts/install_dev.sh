@@ -23,7 +23,7 @@ pip install -q hydra-core==1.4.0.dev1 "omegaconf==2.4.0.dev2" torchdata==0.11.0 
     numba==0.68.1 triton==3.9.0 wandb==0.31.0 swanlab==0.10.3 trackio==0.43.0 \
     colorlog==6.12.0 uvloop==0.23.0 lark==1.3.1 httpx==0.28.1 flask==3.1.3 orjson==3.13.0 einops==0.8.2 \
     aiofiles==25.1.0 tabulate==0.10.0 pybase64==1.5.1 openai==3.57.0 tensorboardX==2.6.5 aiohttp==3.14.5 \
-    pydantic==2.14.4 tenacity==9.2.1 psutil==7.2.2 requests==2.34.2 pillow==13.0.0 "ray[default]==2.60.0" datasets==5.2.0
+    pydantic==2.14.4 tenacity==9.2.1 psutil==7.2.2 requests==2.34.2 pillow==12.3.0 "ray[default]==2.60.0" datasets==5.2.0
 # Last, and without its ~80 dependencies (vLLM, SGLang, agent SDKs and a CUDA torch): no later pip run then
 # reports AReaL's unmet GPU-only requirements as errors. `pip check` still lists them; that is expected on a CPU.
 stage 5 "areal==1.0.4 (--no-deps)"
