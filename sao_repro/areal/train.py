@@ -127,6 +127,9 @@ def train(cfg) -> int:
         with SAOPPOTrainer(cfg, train_dataset=train_ds, valid_dataset=valid_ds) as trainer:
             trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=wf,
                           eval_workflow="areal.workflow.rlvr.RLVRWorkflow", eval_workflow_kwargs=eval_wf)
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints of finished steps stay; --resume continues
+        log_event(run_dir, "interrupted", setting=cfg.sao.setting, seed=cfg.seed)
+        raise
     except BaseException as e:
         log_event(run_dir, "error", error=repr(e))
         raise
