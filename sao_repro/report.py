@@ -455,6 +455,8 @@ BACKEND_NAMES = {"mini": "CPU testbed", "areal": "AReaL cluster"}
 
 def _task_name(c:dict) -> str|None:
     "Short name of a run's task: the testbed family, or the dataset (MATH-hard only for MATH level-5 data)."
+    if c.get("rehearsal"):  # `sao-repro rehearse`: AReaL's trainer on toy problems
+        return "toy sums (cluster rehearsal)"
     if "difficulty" in c:
         return {"chain": "chained arithmetic", "add": "addition"}.get(c.get("family", "add"), c.get("family"))
     td = c.get("train_dataset")
@@ -464,6 +466,8 @@ def _task_name(c:dict) -> str|None:
     return Path(data).name or None
 
 def _model_name(c:dict) -> str|None:
+    if c.get("rehearsal"):
+        return "tiny random-init Qwen2"
     m = (c.get("warm_start") or {}).get("model")
     if m:
         return f"{m.get('n_layers')}-layer transformer"
@@ -476,6 +480,8 @@ def report_title(runs_df:pd.DataFrame) -> str:
     def names(f):
         return ", ".join(sorted({v for v in map(f, cfgs) if v})) or "unknown"
     backends = ", ".join(BACKEND_NAMES.get(b, b) for b in sorted(runs_df.backend.unique())) or "no runs"
+    if cfgs and all(c.get("rehearsal") for c in cfgs):
+        backends = backends.replace(BACKEND_NAMES["areal"], "AReaL 1.0.4 on a CPU")
     return f"SAO and the settings it is compared with: {names(_task_name)} ({backends}, {names(_model_name)})"
 
 # %% ../nbs/60_report.ipynb #c1e1e3f0
