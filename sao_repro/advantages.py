@@ -6,48 +6,37 @@ Docs: https://sao-repro.github.io/sao-repro/advantages.html.md"""
 
 # %% ../nbs/12_advantages.ipynb #9e2cfc98
 from __future__ import annotations
+import functools
+import inspect
 from typing import Callable
 import torch
-from .core import check_shape, check_mask
+from .core import Registry, check_shape, check_mask
 from .gae import skip_obs_gae, sequence_reward_to_tokens
 
 # %% auto #0
-__all__ = ['ADVANTAGES', 'RunningMean', 'register_advantage', 'list_advantages', 'get_advantage', 'gae_advantages',
-           'grpo_advantages', 'batch_norm_advantages', 'RunningMeanBaseline', 'running_mean_advantages']
+__all__ = ['ADVANTAGES', 'register_advantage', 'list_advantages', 'ADVANTAGE_INPUTS', 'RunningMean', 'get_advantage',
+           'gae_advantages', 'grpo_advantages', 'batch_norm_advantages', 'RunningMeanBaseline',
+           'running_mean_advantages']
 
 # %% ../nbs/12_advantages.ipynb #609ea8a0
-ADVANTAGES: dict[str, Callable] = {}
-
-def _same_function(f, g) -> bool:
-    "True when `f` and `g` are the same definition (identical, or the same code re-executed)."
-    if f is g:
-        return True
-    try:
-        return (f.__module__, f.__qualname__, f.__code__.co_code, f.__code__.co_consts) == \
-               (g.__module__, g.__qualname__, g.__code__.co_code, g.__code__.co_consts)
-    except AttributeError:
-        return False
-
-def register_advantage(name:str): # registry name, e.g. "gae"
-    "Decorator registering an advantage estimator under `name`."
-    def deco(fn):
-        if name in ADVANTAGES and not _same_function(ADVANTAGES[name], fn):
-            raise ValueError(f"advantage estimator {name!r} is already registered to {ADVANTAGES[name].__qualname__}; "
-                             "pick another name")
-        ADVANTAGES[name] = fn
-        return fn
-    return deco
+ADVANTAGES = Registry("advantage estimator")
+register_advantage = ADVANTAGES.register
+list_advantages = ADVANTAGES.names
+ADVANTAGE_INPUTS = ("values", "group_size", "gamma", "lam", "baseline")
 
 # %% ../nbs/12_advantages.ipynb #6f040300
-def list_advantages() -> list[str]:
-    "Names of the registered estimators."
-    return sorted(ADVANTAGES)
-
 def get_advantage(name:str) -> Callable:
-    "The estimator registered under `name`; an unknown name lists the valid ones."
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(list_advantages())}")
-    return ADVANTAGES[name]
+    """The estimator registered under `name` (an unknown name lists the valid ones), callable with any of the
+    shared inputs `ADVANTAGE_INPUTS`: each estimator receives those it declares."""
+    fn = ADVANTAGES.lookup(name)
+    takes = set(inspect.signature(fn).parameters)
+    @functools.wraps(fn)
+    def call(rewards, loss_mask, **inputs):
+        bad = sorted(set(inputs) - set(ADVANTAGE_INPUTS))
+        if bad:
+            raise TypeError(f"advantage inputs {bad} unknown; the shared inputs are {', '.join(ADVANTAGE_INPUTS)}")
+        return fn(rewards, loss_mask, **{k: v for k, v in inputs.items() if k in takes})
+    return call
 
 # %% ../nbs/12_advantages.ipynb #232e9bb5
 def _check_adv_inputs(rewards, loss_mask):
@@ -67,10 +56,8 @@ def gae_advantages(
     loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
     *,
     values:torch.Tensor|None=None, # [B, T] critic values (required)
-    group_size:int=1, # unused (kept for the shared signature)
     gamma:float=1.0, # discount
     lam:float|torch.Tensor=1.0, # GAE lambda, float or [B]
-    baseline=None, # unused
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "Skip-obs GAE advantages and lambda-returns from critic values."
     r = _check_adv_inputs(rewards, loss_mask)
@@ -92,11 +79,7 @@ def grpo_advantages(
     rewards:torch.Tensor, # [B] outcome reward per sequence, B a multiple of group_size
     loss_mask:torch.Tensor, # [B, T] bool
     *,
-    values:torch.Tensor|None=None, # unused
     group_size:int=8, # G: contiguous samples per prompt
-    gamma:float=1.0, # unused
-    lam:float|torch.Tensor=1.0, # unused
-    baseline=None, # unused
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "GRPO: (r - group mean) / group std on every action token."
     r = _check_adv_inputs(rewards, loss_mask)
@@ -114,12 +97,6 @@ def grpo_advantages(
 def batch_norm_advantages(
     rewards:torch.Tensor, # [B] outcome reward per sequence
     loss_mask:torch.Tensor, # [B, T] bool
-    *,
-    values:torch.Tensor|None=None, # unused
-    group_size:int=1, # unused
-    gamma:float=1.0, # unused
-    lam:float|torch.Tensor=1.0, # unused
-    baseline=None, # unused
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "Batch-normalized reward on every action token."
     r = _check_adv_inputs(rewards, loss_mask)
@@ -172,10 +149,6 @@ def running_mean_advantages(
     rewards:torch.Tensor, # [B] outcome reward per sequence
     loss_mask:torch.Tensor, # [B, T] bool
     *,
-    values:torch.Tensor|None=None, # unused
-    group_size:int=1, # unused
-    gamma:float=1.0, # unused
-    lam:float|torch.Tensor=1.0, # unused
     baseline:RunningMeanBaseline|None=None, # the persistent baseline (required); updated in place after use
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "r - running mean of the rewards of earlier steps; then the baseline absorbs this batch."

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 # %% auto #0
-__all__ = ['check_shape', 'check_mask', 'masked_sum', 'masked_mean', 'masked_var', 'masked_whiten']
+__all__ = ['check_shape', 'check_mask', 'masked_sum', 'masked_mean', 'masked_var', 'masked_whiten', 'Registry']
 
 # %% ../nbs/00_core.ipynb #9f344433
 def check_shape(
@@ -87,3 +87,38 @@ def masked_whiten(
     if not shift_mean:
         out = out + mu
     return torch.where(mask, out, torch.zeros((), dtype=x.dtype))
+
+# %% ../nbs/00_core.ipynb #0f1493fe
+def _same_function(f, g) -> bool:
+    "True when `f` and `g` are the same definition (identical, or the same code re-executed)."
+    if f is g:
+        return True
+    try:
+        return (f.__module__, f.__qualname__, f.__code__.co_code, f.__code__.co_consts) == \
+               (g.__module__, g.__qualname__, g.__code__.co_code, g.__code__.co_consts)
+    except AttributeError:
+        return False
+
+class Registry(dict):
+    "Functions by name: `register(name)` decorates, `lookup(name)` finds, `names()` lists (sorted)."
+    def __init__(self, kind:str): # what is registered, for messages: "advantage estimator", "policy loss"
+        super().__init__()
+        self.kind = kind
+
+    def register(self, name:str):
+        "Decorator registering a function under `name`."
+        def deco(fn):
+            if name in self and not _same_function(self[name], fn):
+                raise ValueError(f"{self.kind} {name!r} is already registered to {self[name].__qualname__}; pick another name")
+            self[name] = fn
+            return fn
+        return deco
+
+    def names(self) -> list[str]:
+        return sorted(self)
+
+    def lookup(self, name:str):
+        "The function registered under `name`; an unknown name lists the valid ones."
+        if name not in self:
+            raise ValueError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
+        return self[name]

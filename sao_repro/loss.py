@@ -6,12 +6,15 @@ Docs: https://sao-repro.github.io/sao-repro/loss.html.md"""
 
 # %% ../nbs/13_loss.ipynb #855acfc2
 from __future__ import annotations
+from dataclasses import dataclass
 import torch
-from .core import check_shape, check_mask, masked_mean, masked_sum
+from .core import Registry, check_shape, check_mask, masked_mean, masked_sum
 from .dis import dis_mask, dis_metrics
 
 # %% auto #0
-__all__ = ['AGG_MODES', 'POLICY_FORMS', 'agg_loss', 'policy_loss', 'value_loss']
+__all__ = ['AGG_MODES', 'POLICY_FORMS', 'POLICY_LOSSES', 'register_policy_loss', 'get_policy_loss', 'list_policy_losses',
+           'agg_loss', 'PolicyLossConfig', 'policy_loss_name', 'ppo_clip', 'dis_direct', 'dis_decoupled', 'policy_loss',
+           'value_loss']
 
 # %% ../nbs/13_loss.ipynb #c1dee5ea
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum")
@@ -34,6 +37,31 @@ def agg_loss(
 
 # %% ../nbs/13_loss.ipynb #cfd010b7
 POLICY_FORMS = ("direct", "decoupled")
+POLICY_LOSSES = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+get_policy_loss = POLICY_LOSSES.lookup
+list_policy_losses = POLICY_LOSSES.names
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    "Knobs shared by the policy losses."
+    band: tuple[float, float] | None = None # DIS band (lo, hi) on the ratio; None: no DIS
+    eps_clip: float = 0.2 # PPO clip
+    eps_clip_higher: float | None = None # upper clip; defaults to eps_clip
+    level: str = "token" # DIS level: "token" or "sequence"
+
+def policy_loss_name(band:tuple|None, # the setting's DIS band (None: no DIS)
+                     form:str="direct", # one of POLICY_FORMS
+                    ) -> str:
+    """The registered loss: `ppo_clip` without a band in the direct form, otherwise `dis_<form>` (`dis_decoupled`
+    without a band is AReaL's decoupled PPO without `rejection_sampling`: nothing masked)."""
+    if form not in POLICY_FORMS:
+        raise ValueError(f"unknown policy loss form {form!r}; valid: {', '.join(POLICY_FORMS)}")
+    return "ppo_clip" if band is None and form == "direct" else f"dis_{form}"
+
+def _keep(ratio_logp, behav_logp, loss_mask, cfg):
+    "The DIS keep-mask on the ratio exp(ratio_logp - behav_logp); every action token without a band."
+    return loss_mask if cfg.band is None else dis_mask(ratio_logp, behav_logp, loss_mask, cfg.band, cfg.level)
 
 def _clipped_surrogate(ratio, adv, eps_clip, eps_clip_higher):
     "PPO's pessimistic surrogate -min(ratio*A, clip(ratio)*A) and the mask of clipped tokens."
@@ -42,54 +70,71 @@ def _clipped_surrogate(ratio, adv, eps_clip, eps_clip_higher):
     l1, l2 = -ratio * adv, -clipped * adv
     return torch.maximum(l1, l2), (l2 > l1)
 
-def _check_policy_inputs(logp, behav_logp, advantages, loss_mask, form, prox_logp):
+# %% ../nbs/13_loss.ipynb #cfbc82eb
+@register_policy_loss("ppo_clip")
+def ppo_clip(logp, # [B, T] policy log-probs (with gradient)
+             behav_logp, # [B, T] behaviour log-probs
+             prox_logp, # [B, T] proximal log-probs (unused by this loss: None is fine)
+             advantages, # [B, T], zero off the mask
+             loss_mask, # [B, T] bool
+             cfg:PolicyLossConfig):
+    "Clipped surrogate on w = pi / pi_behave over every action token."
+    w = torch.exp(torch.where(loss_mask, logp - behav_logp, 0.0))
+    loss_mat, clipped = _clipped_surrogate(w, advantages, cfg.eps_clip, cfg.eps_clip_higher)
+    return loss_mat, loss_mask, clipped, logp
+
+@register_policy_loss("dis_direct")
+def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig):
+    "-k w A: tokens whose ratio pi / pi_behave leaves the band are dropped; the rest keep their IS weight."
+    keep = _keep(logp, behav_logp, loss_mask, cfg)
+    w = torch.exp(torch.where(keep, logp - behav_logp, 0.0))
+    return -w * advantages, keep, torch.zeros_like(keep), logp
+
+@register_policy_loss("dis_decoupled")
+def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig):
+    "-k (pi_prox / pi_behave) min(rho A, clip(rho) A), rho = pi / pi_prox, k on pi_prox / pi_behave."
+    keep = _keep(prox_logp, behav_logp, loss_mask, cfg)
+    behav_w = torch.exp(torch.where(keep, prox_logp - behav_logp, 0.0))
+    rho = torch.exp(torch.where(keep, logp - prox_logp, 0.0))
+    surr, clipped = _clipped_surrogate(rho, advantages, cfg.eps_clip, cfg.eps_clip_higher)
+    return behav_w * surr, keep, clipped, prox_logp
+
+# %% ../nbs/13_loss.ipynb #b4042f18
+def _check_policy_inputs(logp, behav_logp, advantages, loss_mask, name, prox_logp):
     check_shape("logp", logp, (None, None))
-    for name, t in (("behav_logp", behav_logp), ("advantages", advantages)):
-        check_shape(name, t, tuple(logp.shape))
+    for n, t in (("behav_logp", behav_logp), ("advantages", advantages)):
+        check_shape(n, t, tuple(logp.shape))
     check_mask("loss_mask", loss_mask, logp)
-    if form not in POLICY_FORMS:
-        raise ValueError(f"unknown policy loss form {form!r}; valid: {', '.join(POLICY_FORMS)}")
-    if form == "decoupled":
+    if name == "dis_decoupled":
         if prox_logp is None:
             raise ValueError("form='decoupled' needs `prox_logp` (the proximal policy's log-probs, [B, T]); "
                              "or use form='direct'")
         check_shape("prox_logp", prox_logp, tuple(logp.shape))
 
-# %% ../nbs/13_loss.ipynb #b4042f18
 def policy_loss(
     logp:torch.Tensor, # [B, T] log-probs of the policy being trained (with gradient)
     behav_logp:torch.Tensor, # [B, T] log-probs recorded by the rollout engine
     advantages:torch.Tensor, # [B, T]
     loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
     *,
-    band:tuple[float, float]|None=None, # DIS band (lo, hi); None: no DIS, plain clipped surrogate
-    form:str="direct", # "direct" (the paper's DIS) or "decoupled" (AReaL's)
+    band:tuple[float, float]|None=None, # DIS band (lo, hi); None: no DIS (`ppo_clip`)
+    form:str="direct", # with a band: "direct" (`dis_direct`, the paper's) or "decoupled" (`dis_decoupled`, AReaL's)
     prox_logp:torch.Tensor|None=None, # [B, T] proximal log-probs, needed by form="decoupled"
-    eps_clip:float=0.2, # PPO clip (band=None and the decoupled form)
+    eps_clip:float=0.2, # PPO clip (`ppo_clip` and `dis_decoupled`)
     eps_clip_higher:float|None=None, # upper clip; defaults to eps_clip
     agg:str="token-mean", # reduction, see `agg_loss`
     dropped_in_denominator:bool=True, # dropped tokens still count in the denominator (AReaL's choice)
     level:str="token", # DIS level: "token" or "sequence"
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    "Policy loss and its metrics (`actor/`, and `dis/` when a band is given)."
-    _check_policy_inputs(logp, behav_logp, advantages, loss_mask, form, prox_logp)
-    zero = torch.zeros((), dtype=logp.dtype)
-    adv = torch.where(loss_mask, advantages, zero).detach()
-    behav = behav_logp.detach()
-    masked_on = logp if form == "direct" else prox_logp.detach()  # the policy whose ratio to behave DIS bands
-    keep = loss_mask if band is None else dis_mask(masked_on, behav, loss_mask, band, level)
-    if form == "direct":
-        w = torch.exp(torch.where(keep, logp - behav, zero))
-        loss_mat, clipped = (-w * adv, torch.zeros_like(keep)) if band is not None else \
-            _clipped_surrogate(w, adv, eps_clip, eps_clip_higher)
-    else:
-        behav_w = torch.exp(torch.where(keep, masked_on - behav, zero))
-        rho = torch.exp(torch.where(keep, logp - masked_on, zero))
-        surr, clipped = _clipped_surrogate(rho, adv, eps_clip, eps_clip_higher)
-        loss_mat = behav_w * surr
-    loss_mat = torch.where(keep, loss_mat, zero)
-    loss = agg_loss(loss_mat, loss_mask if dropped_in_denominator else keep, agg)
-    return loss, _policy_metrics(loss, logp, behav, masked_on, keep, clipped, loss_mask, band, level)
+    "The registered policy loss the band and form name, reduced, with its metrics (`actor/`, and `dis/` with a band)."
+    name = policy_loss_name(band, form)
+    _check_policy_inputs(logp, behav_logp, advantages, loss_mask, name, prox_logp)
+    adv = torch.where(loss_mask, advantages, 0.0).detach()
+    prox = None if prox_logp is None else prox_logp.detach()
+    cfg = PolicyLossConfig(band, eps_clip, eps_clip_higher, level)
+    loss_mat, keep, clipped, masked_on = get_policy_loss(name)(logp, behav_logp.detach(), prox, adv, loss_mask, cfg)
+    loss = agg_loss(torch.where(keep, loss_mat, 0.0), loss_mask if dropped_in_denominator else keep, agg)
+    return loss, _policy_metrics(loss, logp, behav_logp.detach(), masked_on, keep, clipped, loss_mask, band, level)
 
 # %% ../nbs/13_loss.ipynb #a04f62fc
 @torch.no_grad()

@@ -124,11 +124,11 @@ def plot_run(run_dir, smooth: int = 10):
 _RUN_FLAGS = ("lr", "critic_lr", "max_grad_norm", "lag_mode", "noise", "traj_per_step", "difficulty", "ops",
               "eval_every", "eval_n", "ckpt_every", "keep_ckpts", "preset", "threads", "debug_nan_step",
               "minibatches", "critic_warmup", "critic_k", "critic_width", "policy_lambda",
-              "family", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype")
+              "family", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype", "dis_form")
 # the task and mechanism options `sao-repro compare` passes to every run
 _COMPARE_FLAGS = ("noise", "lr", "lag_mode", "difficulty", "traj_per_step", "eval_every", "minibatches", "policy_lambda",
                   "critic_k", "critic_warmup", "critic_width", "critic_lr",
-                  "family", "ops", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype")
+                  "family", "ops", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype", "dis_form")
 
 def _lambda_value(v: str):
     "--policy-lambda: 'adaptive' or a float."

@@ -74,6 +74,7 @@ class Rollout:
     behav_logp: torch.Tensor # [B, L] float32 log-probs reported by the behaviour policy
     rewards: torch.Tensor # [B] float32, 1 if the final answer is right
     resp_len: torch.Tensor # [B] response tokens including <eos>
+    lengths: torch.Tensor # [B] prompt + response tokens: positions after them are padding
 
 def collect(behav: PolicyModel, # the behaviour policy (stale weights)
             problems: list[dict], # B MATH-schema problems
@@ -95,4 +96,4 @@ def collect(behav: PolicyModel, # the behaviour policy (stale weights)
     behav_logp = torch.zeros(B, L)
     behav_logp[:, P - 1:P - 1 + max_new] = lps
     behav_logp = torch.where(loss_mask, behav_logp, torch.zeros_like(behav_logp))
-    return Rollout(tokens, loss_mask, behav_logp, torch.tensor(rewards, dtype=torch.float32), resp_len)
+    return Rollout(tokens, loss_mask, behav_logp, torch.tensor(rewards, dtype=torch.float32), resp_len, P + resp_len)

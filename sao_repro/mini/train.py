@@ -25,7 +25,7 @@ from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
 from ..guards import GracefulStop, RunInterrupted, check_number, event_line_ok, parse_record, repair_lines, write_atomic
-from ..loss import policy_loss
+from ..loss import POLICY_FORMS, policy_loss
 from ..settings import Setting, get_setting, list_settings
 from .model import CriticModel, ModelConfig, PolicyModel, PretrainConfig, sampled_accuracy, token_logp, warm_start
 from .rollout import PolicyHistory, RolloutConfig, collect, pick_lag
@@ -73,6 +73,7 @@ class MiniRunConfig:
     max_terms: int = field(default=4, metadata={"help": "chain: most operands per problem (mixed lengths = mixed difficulty)"})
     direct_frac: float = field(default=0.0, metadata={"help": "chain: fraction of warm-start examples answered without the scratchpad"})
     sft_noise: float | None = field(default=None, metadata={"help": "warm-start label noise (None: the preset's, 0.6 of answers for add, 0.3 per step for chain)"})
+    dis_form: str = field(default="direct", metadata={"help": "DIS loss form: 'direct' (ratio to the behaviour policy, the paper's) or 'decoupled' (AReaL's: band on proximal/behaviour, PPO clip on policy/proximal; differs from direct when minibatches > 1)", "choices": list(POLICY_FORMS)})
     behav_dtype: str = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)", "choices": ["float32", "bfloat16"]})
 
     def __post_init__(self):
@@ -109,6 +110,8 @@ class MiniRunConfig:
                 self.policy_lambda = float(self.policy_lambda)
             except ValueError:
                 raise ValueError(f"policy_lambda={self.policy_lambda!r}: use a float in (0, 1] or 'adaptive'") from None
+        if self.dis_form not in POLICY_FORMS:
+            raise ValueError(f"dis_form={self.dis_form!r}: use one of {', '.join(POLICY_FORMS)}")
         if self.policy_lambda not in (None, "adaptive") and not 0.0 < float(self.policy_lambda) <= 1.0:
             raise ValueError(f"policy_lambda={self.policy_lambda!r} must be in (0, 1] or 'adaptive'")
 
@@ -285,10 +288,15 @@ def _advantages(self: MiniTrainer, ro, old_values):
 MiniTrainer.advantages = _advantages
 
 # %% ../../nbs/33_mini_train.ipynb #b201fdec
-def _policy_step(self: MiniTrainer, tokens, behav_logp, adv, loss_mask) -> tuple[dict, torch.Tensor]:
-    "One clipped Adam step on the setting's policy loss over these rows (raises NonFiniteError before applying a bad step)."
-    logp = token_logp(self.policy(tokens), tokens)
-    loss, m = policy_loss(logp, behav_logp, adv, loss_mask, band=self.setting.band)
+def _policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None) -> tuple[dict, torch.Tensor]:
+    """One clipped Adam step on the setting's policy loss over rows `idx` of rollout `ro` (raises NonFiniteError
+    before applying a bad step). `prox_logp`: the proximal policy's log-probs of these rows (None: this policy's)."""
+    tokens, behav_logp, loss_mask = ro.tokens[idx], ro.behav_logp[idx], ro.loss_mask[idx]
+    logp = token_logp(self.policy(tokens, lengths=ro.lengths[idx]), tokens)
+    band = self.setting.band
+    form = self.cfg.dis_form if band is not None else "direct"  # no DIS: the cluster's plain PPO ratio (ppo_clip)
+    prox = logp.detach() if prox_logp is None else prox_logp
+    loss, m = policy_loss(logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox)
     if self.step + 1 == self.cfg.debug_nan_step:
         loss = loss * float("nan")
     if not _finite(loss):
@@ -301,7 +309,7 @@ def _policy_step(self: MiniTrainer, tokens, behav_logp, adv, loss_mask) -> tuple
     self.opt.step()
     m = {k: float(v) for k, v in m.items() if not k.startswith("dis/")}
     m.update({"actor/loss": float(loss.detach()), "actor/grad_norm": float(gn)})
-    return m, logp.detach()
+    return m, prox
 
 MiniTrainer.policy_step = _policy_step
 
@@ -310,13 +318,17 @@ def _policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
     "`minibatches` policy steps, each on a shuffled slice of the batch (one step on the whole batch when 1)."
     n = self.cfg.minibatches
     if n == 1:
-        m, logp = self.policy_step(ro.tokens, ro.behav_logp, adv, ro.loss_mask)
+        m, logp = self.policy_step(ro, slice(None), adv)
         m.update({"actor/updated": 1, "actor/n_updates": 1})
         return m, logp
+    prox = None
+    if self.cfg.dis_form == "decoupled" and self.setting.band is not None:
+        with torch.no_grad():
+            prox = token_logp(self.policy(ro.tokens, lengths=ro.lengths), ro.tokens)
     logp = torch.empty_like(ro.behav_logp)
     ms = []
     for idx in torch.tensor_split(torch.randperm(len(ro.tokens), generator=self.mb_gen), n):
-        mi, logp[idx] = self.policy_step(ro.tokens[idx], ro.behav_logp[idx], adv[idx], ro.loss_mask[idx])
+        mi, logp[idx] = self.policy_step(ro, idx, adv, None if prox is None else prox[idx])
         ms.append(mi)
     m = {k: float(np.mean([mi[k] for mi in ms])) for k in ms[0]}
     m.update({"actor/updated": 1, "actor/n_updates": n})
@@ -331,16 +343,16 @@ def _train_step(self: MiniTrainer) -> dict:
     s = self.setting
     ro, lag = self.rollout()
     m = {"step": self.step + 1}
-    old_values = self.critic.values(ro.tokens).detach() if self.critic is not None else None
+    old_values = self.critic.values(ro.tokens, lengths=ro.lengths).detach() if self.critic is not None else None
     adv, returns = self.advantages(ro, old_values)
     if self.critic is not None:
-        cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values)
+        cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values, lengths=ro.lengths)
         if not (_finite(cm["critic/value_loss"]) and _finite(cm["critic/grad_norm"])):
             raise NonFiniteError(f"critic metrics not finite at step {self.step + 1}: {cm}")
         m.update({k: float(v) for k, v in cm.items()})
     if self.critic is not None and self.critic.in_warmup(self.step):
         with torch.no_grad():
-            logp = token_logp(self.policy(ro.tokens), ro.tokens)
+            logp = token_logp(self.policy(ro.tokens, lengths=ro.lengths), ro.tokens)
         m.update({"actor/loss": 0.0, "actor/grad_norm": 0.0, "actor/updated": 0, "actor/n_updates": 0})
     else:
         am, logp = self.policy_update(ro, adv)
