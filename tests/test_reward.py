@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from reward_hooks import score_with_markers
 from sao_repro.reward import (RewardConfig, RewardPool, close_reward_pool, math_reward_fn, score,
                               verify)
 
@@ -139,7 +140,7 @@ def test_real_pathological_input_is_killed_and_others_proceed():
 
 
 def test_hook_hang_scores_zero_within_timeout_plus_1s():
-    with RewardPool(workers=2, timeout_s=1.5, test_hooks=True) as p:
+    with RewardPool(workers=2, timeout_s=1.5, scorer=score_with_markers) as p:
         assert p.wait_ready(120)
         t0 = time.monotonic()
         hangs = [p.submit(r"<<sao-test:hang>> \boxed{1}", "1") for _ in range(2)]
@@ -154,7 +155,7 @@ def test_hook_hang_scores_zero_within_timeout_plus_1s():
 
 
 def test_crash_hook_is_retried_then_scored_zero():
-    with RewardPool(workers=1, timeout_s=10.0, test_hooks=True) as p:
+    with RewardPool(workers=1, timeout_s=10.0, scorer=score_with_markers) as p:
         res = p.map([(r"\boxed{1}", "1"), (r"<<sao-test:crash>> \boxed{1}", "1"), (r"\boxed{2}", "2")])
         assert res == [1.0, 0.0, 1.0]
         s = p.stats()
@@ -172,7 +173,7 @@ def test_kill_9_worker_mid_batch_every_item_answered():
     n = 120
     items = [(rf"<<sao-test:sleep=0.02>> \boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(n)]
     expected = [0.0 if i % 3 == 0 else 1.0 for i in range(n)]
-    with RewardPool(workers=2, timeout_s=10.0, test_hooks=True) as p:
+    with RewardPool(workers=2, timeout_s=10.0, scorer=score_with_markers) as p:
         assert p.wait_ready(120)
         futs = [p.submit(c, g) for c, g in items]
         while p.stats()["reward/done"] < 10:
@@ -209,7 +210,7 @@ def test_submit_from_many_threads(pool):
 
 
 def test_close_answers_pending_items_with_an_error():
-    p = RewardPool(workers=1, timeout_s=30.0, test_hooks=True)
+    p = RewardPool(workers=1, timeout_s=30.0, scorer=score_with_markers)
     f = p.submit("<<sao-test:hang>>", "1")
     p.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -223,7 +224,7 @@ def _hang_on_marker(completion, gold):
 
 
 def test_monkeypatched_score_runs_in_forked_workers(monkeypatch):
-    import sao_repro.reward as reward
+    import sao_repro.reward_check as reward
 
     monkeypatch.setattr(reward, "score", _hang_on_marker)
     with RewardPool(workers=2, timeout_s=1.0) as p:

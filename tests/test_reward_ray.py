@@ -7,6 +7,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import reward_hooks  # noqa: E402
+from reward_hooks import score_with_markers  # noqa: E402
 from sao_repro.reward import RewardPool, score  # noqa: E402
 from sao_repro.reward_workers import (ACTOR_PREFIX, NAMESPACE, list_workers, reward_workers_main,  # noqa: E402
                                       watch_once)
@@ -19,6 +21,7 @@ CHEAP = [(r"$\boxed{\frac{1}{2}}$", "0.5"), (r"$\boxed{7}$", "8"), (r"$\boxed{2\
 
 @pytest.fixture(scope="module")
 def ray_session():
+    ray.cloudpickle.register_pickle_by_value(reward_hooks)  # Ray workers do not have tests/ on their path
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
              configure_logging=False)
     yield ray
@@ -27,7 +30,7 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def ray_pool(ray_session):
-    with RewardPool(backend="ray", workers=2, timeout_s=2.0, test_hooks=True, attach=False, num_cpus=0.5) as p:
+    with RewardPool(backend="ray", workers=2, timeout_s=2.0, scorer=score_with_markers, attach=False, num_cpus=0.5) as p:
         assert p.wait_ready(180)
         yield p
 
