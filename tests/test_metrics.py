@@ -399,3 +399,37 @@ def test_smoothing(tmp_path):
     assert e.value.iloc[0] == 0.0 and 0.5 < e.value.iloc[2] < 1.0
     with pytest.raises(ValueError, match="rolling"):
         smooth(df, method="median")
+
+
+# ---------------------------------------------------------------- setting names, layering
+
+def test_setting_names_in_paths_come_from_the_registry(tmp_path):
+    "A setting registered after import is read from a run's path; no hard-coded list of names remains."
+    from sao_repro.settings import SETTINGS, Setting, register_setting
+    assert not hasattr(M, "KNOWN_SETTINGS")
+    d = run_dir(tmp_path, setting="sao_k4", seed=3)
+    (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.5))
+    assert RunReader(d, "x").identity["setting"] == "sao"  # not registered: the longest registered name in the path
+    register_setting(Setting("sao_k4", "SAO with four critic passes", critic=True, critic_k=4, advantage="gae"))
+    try:
+        assert RunReader(d, "mini/sao_k4/seed3").identity == {"setting": "sao_k4", "seed": 3, "backend": "mini"}
+        assert RunReader(run_dir(tmp_path, setting="grpo_dis"), "y").identity["setting"] == "grpo_dis"
+    finally:
+        del SETTINGS["sao_k4"]
+
+
+def test_backends_do_not_import_the_metrics_reader():
+    "The trainers write metrics.jsonl through sao_repro.runlog; nothing in a backend imports the readers above it."
+    import ast
+    pkg = Path(M.__file__).resolve().parent
+    backends = [f"mini/{m}" for m in ("task", "model", "rollout", "train")] + \
+               [f"areal/{m}" for m in ("config", "algo", "trainer", "engine", "train", "cpu_server")]
+    for f in [pkg / f"{m}.py" for m in backends + ["runlog"]]:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for n in names:
+                assert not n.split(".")[-1].startswith(("metrics", "monitor", "report")), f"{f.name} imports {n}"
+    trainer = ast.parse((pkg / "areal" / "trainer.py").read_text())
+    assert any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("runlog") and
+               "areal_to_metrics" in [a.name for a in n.names] for n in ast.walk(trainer))

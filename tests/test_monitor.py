@@ -251,3 +251,17 @@ def test_start_script():
     script = REPO / "scripts" / "start_monitor.sh"
     assert script.exists() and os.access(script, os.X_OK)
     assert 'sao-repro monitor "$@"' in script.read_text()
+
+
+def test_script_and_style_are_package_data_served_as_shipped(server):
+    "monitor.js / monitor.css are files in sao_repro/static/, listed as package data, sent byte for byte."
+    tomllib = pytest.importorskip("tomllib")
+    pkg = REPO / "sao_repro"
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sao_repro"]
+    shipped = {p.name for g in globs for p in pkg.glob(g)}
+    assert shipped == {"monitor.js", "monitor.css"}
+    for name in sorted(shipped):
+        code, body, headers = request(server, f"/static/{name}")
+        assert code == 200 and body == (pkg / "static" / name).read_bytes()
+        assert headers["Content-Security-Policy"].startswith("default-src 'none'")
+    assert (pkg / "static" / "monitor.js").read_text() == JS and (pkg / "static" / "monitor.css").read_text() == CSS

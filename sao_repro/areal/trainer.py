@@ -255,11 +255,12 @@ class SAOPPOTrainer(PPOTrainer):
                 PPOTrainer._save_recover_checkpoint(self, *pending)
 
 # %% ../../nbs/43_areal_trainer.ipynb #6b6fd2a6
+from ..runlog import areal_to_metrics
+
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
     "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names (`step` counts from 1)."
     if not run_dir:
         return None
-    from sao_repro.metrics import areal_to_metrics
     row = {"step": int(step), **{k: v for k, v in areal_to_metrics(stats).items() if not k.endswith("__count")}}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(run_dir) / "metrics.jsonl", "a") as f:
