@@ -19,15 +19,16 @@ import pandas as pd
 from .guards import html_id, md_code
 from .stats import fmt_ci
 from .nbrun import kernel_transport, run_notebook
-from .report_tables import (REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers,
-                                     headline_table, load_runs, numbers_table, reference_table, run_summary)
-from .report_text import (display_path, provenance, report_title, runs_block, runs_commands, runs_using,
-                                   testbed_limits)
+from .report_tables import (
+    REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
+    numbers_table, reference_table, run_summary)
+from .report_text import (
+    display_path, provenance, report_title, runs_block, runs_commands, runs_using, testbed_limits)
 from .report_figures import fig_accuracy, fig_critic, fig_dis
-from .report_render import (REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank,
-                                     notebook_to_html, offline_violations, quarto_html, screenshot,
-                                     set_notebook_title, shrink_png)
-from .docs import build_docs, check_quarto_yml, docs_main, quarto_files as _yml_files
+from .report_render import (
+    REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html, offline_violations,
+    quarto_html, screenshot, set_notebook_title, shrink_png)
+from .docs import build_docs, check_quarto_yml, quarto_files as _yml_files
 
 # %% auto #0
 __all__ = ['INPUT_FILES', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'write_numbers', 'sweep_result_files',
