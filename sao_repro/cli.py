@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cpu-server": ("sao_repro.areal.cpu_server:cpu_server_main", "serve a model on the CPU with the endpoints AReaL's vLLM client calls"),
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
-    "docs": ("sao_repro.report:docs_main", "build the docs site offline, or write/check _quarto.yml"),
+    "docs": ("sao_repro.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
 }
 
 # %% ../nbs/90_cli.ipynb #93d7f8c7

@@ -13,7 +13,7 @@ stage 1 "pip"
 pip install -q --upgrade pip
 stage 2 "$TORCH (the CPU build first: nothing below may pull another torch)"
 pip install -q $TORCH ${TORCH_ARGS:-}
-stage 3 "sao-repro with its dev extra (nbdev, pytest, papermill, math-verify, Ray, ...)"
+stage 3 "sao-repro (pandas, scipy, ...) with its dev extra (nbdev, pytest, papermill, math-verify, Ray, ...)"
 pip install -q -e '.[dev]'
 # What AReaL 1.0.4 imports on a CPU (config loader, PPO actor / critic, FSDP engine on gloo, trainer, stats
 # loggers, checkpoint saver), pinned as AReaL pins them where it does (omegaconf 2.4.0.dev2: the final 2.4.0

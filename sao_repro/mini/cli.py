@@ -24,12 +24,13 @@ from ..settings import list_settings
 from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
                                   check_fresh, read_metrics, train_run)
 from ..guards import RunInterrupted
-from ..report import fmt_ci, mean_ci as report_mean_ci, run_notebook
+from ..nbrun import run_notebook
+from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
-__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'mean_ci',
-           'run_windows', 'summarize', 'format_summary', 'find_run_notebook', 'check_parameters_cell', 'execute_run',
-           'compare_parser', 'compare_main', 'bench_mini']
+__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'run_windows',
+           'summarize', 'format_summary', 'find_run_notebook', 'check_parameters_cell', 'execute_run', 'compare_parser',
+           'compare_main', 'bench_mini']
 
 # %% ../../nbs/34_mini_cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
@@ -202,11 +203,6 @@ def run_main(argv: list[str] | None = None) -> int:
     return 0
 
 # %% ../../nbs/34_mini_cli.ipynb #607c3e79
-def mean_ci(xs) -> tuple[float, float]:
-    "Mean and 95% CI half-width (Student t, `sao_repro.report.mean_ci`; NaN for one value)."
-    m, half, _ = report_mean_ci(xs)
-    return m, half
-
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
     """Start / end window means of `key` in one run (the first and last `window` steps, as the report and
     `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than 2 x window), and the
@@ -232,10 +228,10 @@ def summarize(out: str, settings: list[str], seeds: list[int], backend: str = "m
         ws = [w for w in ws if w]
         row = {"setting": s, "n_seeds": len(ws)}
         for part in ("start", "end"):
-            row[f"acc_{part}"], row[f"acc_{part}_ci"] = mean_ci([w[part] for w in ws])
-        row["delta"], row["delta_ci"] = mean_ci([w["end"] - w["start"] for w in ws])
-        row["eval_first"], _ = mean_ci([w["eval_first"] for w in ws])
-        row["eval_end"], row["eval_end_ci"] = mean_ci([w["eval_end"] for w in ws])
+            row[f"acc_{part}"], row[f"acc_{part}_ci"], _ = mean_ci([w[part] for w in ws])
+        row["delta"], row["delta_ci"], _ = mean_ci([w["end"] - w["start"] for w in ws])
+        row["eval_first"] = mean_ci([w["eval_first"] for w in ws])[0]
+        row["eval_end"], row["eval_end_ci"], _ = mean_ci([w["eval_end"] for w in ws])
         row["window"] = min((w["window"] for w in ws), default=None)
         rows.append(row)
     return rows

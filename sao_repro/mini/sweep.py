@@ -22,13 +22,13 @@ import yaml
 from ..settings import list_settings
 from .train import MiniRunConfig
 from ..guards import event_line_ok, load_yaml_bounded, valid_step
-from ..report import fmt_ci, mean_ci
+from ..stats import fmt_ci, mean_ci, paired_effect
 from .cli import (_prebuild, check_parameters_cell, execute_run, find_run_notebook, make_config,
                                 run_windows, summarize)
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'SweepConfig', 'load_sweep', 'point_label', 'run_state', 'sweep_jobs', 'paired_effect',
-           'sweep_results', 'format_results', 'phenomena', 'format_phenomena', 'sweep_parser', 'sweep_main']
+__all__ = ['EFFECT_PAIRS', 'SweepConfig', 'load_sweep', 'point_label', 'run_state', 'sweep_jobs', 'sweep_results',
+           'format_results', 'phenomena', 'format_phenomena', 'sweep_parser', 'sweep_main']
 
 # %% ../../nbs/35_mini_sweep.ipynb #00a19af2
 _RESERVED = ("setting", "seed", "steps", "out", "backend")  # set by the sweep itself, not by base / grid
@@ -125,12 +125,6 @@ def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
 # %% ../../nbs/35_mini_sweep.ipynb #1ac8db4e
 EFFECT_PAIRS = (("DIS", "grpo_dis", "grpo"), ("DIS", "single_dis", "running_mean"), ("critic", "sao", "single_dis"),
                 ("method", "sao", "grpo"))
-
-def paired_effect(a: dict, # seed -> end accuracy of setting A
-                  b: dict, # seed -> end accuracy of setting B
-                 ) -> tuple[float, float, int]:
-    "Mean of the per-seed differences A - B, its 95% CI half-width (Student t) and the number of pairs."
-    return mean_ci([a[k] - b[k] for k in sorted(set(a) & set(b))])
 
 # %% ../../nbs/35_mini_sweep.ipynb #36744999
 def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
