@@ -11,6 +11,9 @@ import hashlib
 import json
 import math
 import os
+import queue
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from .task import (
     CharTokenizer, TaskConfig, _apply, _chain_expr, chain_prompt_len, chain_steps, draw_chains, draw_expressions,
@@ -279,28 +283,65 @@ def sampled_accuracy(model: PolicyModel, problems: list[dict], task: TaskConfig,
     return hits if per_problem else sum(hits) / max(len(problems), 1)
 
 # %% ../../nbs/31_mini_model.ipynb #dd4769f7
-def pretrain(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig, log=print) -> PolicyModel:
-    "Train a fresh policy on noisy labels (deterministic given `cfg.seed`)."
-    torch.manual_seed(cfg.seed)
-    rng, tok = np.random.default_rng([cfg.seed, 7]), task_tokenizer(task)
-    model = PolicyModel(model_cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / cfg.warmup, max(0.0, (cfg.steps - s) / (cfg.steps - cfg.warmup))))
-    for step in range(cfg.steps):
-        tokens, mask = sft_batch(task, tok, cfg.batch_size, rng, cfg.noise_frac)
-        logp = token_logp(model(tokens), tokens)
-        loss = -(logp * mask).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if log and (step + 1) % max(cfg.steps // 5, 1) == 0:
-            log(f"pretrain step {step + 1}/{cfg.steps} loss {loss.item():.4f}")
-    return model
+def _batches(task: TaskConfig, tok: CharTokenizer, cfg: PretrainConfig, rng: np.random.Generator, ahead: int = 2):
+    """The `cfg.steps` training batches in order, drawn by a helper thread while the model trains on the previous
+    one (the batches are Python work that holds the interpreter; the model's kernels release it). Only the helper
+    touches `rng`, in order, so the batches are the ones a plain loop would draw."""
+    q, stop = queue.Queue(ahead), threading.Event()
+    def fill():
+        try:
+            for _ in range(cfg.steps):
+                item = sft_batch(task, tok, cfg.batch_size, rng, cfg.noise_frac)
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(e)
+    threading.Thread(target=fill, daemon=True, name="sft-batches").start()
+    try:
+        for _ in range(cfg.steps):
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+def pretrain(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig,
+             log=print, # progress: a bar on stderr with the loss and the time left (None: quiet)
+             threads: int = 1, # torch threads while training (restored after); runs use 1
+            ) -> PolicyModel:
+    "Train a fresh policy on noisy labels (deterministic given `cfg.seed` and `threads`)."
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(cfg.seed)
+        rng, tok = np.random.default_rng([cfg.seed, 7]), task_tokenizer(task)
+        model = PolicyModel(model_cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min((s + 1) / cfg.warmup, max(0.0, (cfg.steps - s) / (cfg.steps - cfg.warmup))))
+        bar = tqdm(total=cfg.steps, desc="warm start", unit="step", disable=not log, mininterval=2, file=sys.stderr)
+        for step, (tokens, mask) in enumerate(_batches(task, tok, cfg, rng)):
+            logp = token_logp(model(tokens), tokens)
+            loss = -(logp * mask).sum() / mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            bar.update(1)
+            if (step + 1) % 50 == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        bar.close()
+        return model
+    finally:
+        torch.set_num_threads(prev)
 
 # %% ../../nbs/31_mini_model.ipynb #61e2fbe1
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: built with one torch thread (1: torch's default thread count)
 
 def cache_root() -> Path:
     "Root of the testbed cache: $SAO_REPRO_CACHE or ~/.cache/sao_repro."
@@ -314,18 +355,25 @@ def start_key(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig) -> 
 
 # %% ../../nbs/31_mini_model.ipynb #9817f069
 def warm_start(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig, log=print) -> tuple[PolicyModel, dict]:
-    "The cached warm-start policy and its metadata (start accuracy, build time); builds it when missing."
+    """The cached warm-start policy and its metadata (start accuracy, build time); builds it when missing, with
+    one torch thread whoever asks (the thread count changes float rounding, so the cached weights stay the same
+    whichever run or command built them; one thread is also the fastest here, see `bench mini`)."""
+    threads = 1
     d = cache_root() / "mini" / start_key(task, model_cfg, cfg)
     d.mkdir(parents=True, exist_ok=True)
     with open(d / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (d / "start.pt").exists():
             if log:
-                log(f"building warm start in {d} ({cfg.steps} steps)")
+                log(f"building warm start in {d} ({cfg.steps} steps, {threads} thread{'s' * (threads > 1)}; cached for later runs)")
             t0 = time.time()
-            model = pretrain(task, model_cfg, cfg, log=log)
-            ev = replace(task, n_eval=512)
-            acc = sampled_accuracy(model, eval_problems(ev), task, torch.Generator().manual_seed(0))
+            model = pretrain(task, model_cfg, cfg, log=log, threads=threads)
+            ev, prev = replace(task, n_eval=512), torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                acc = sampled_accuracy(model, eval_problems(ev), task, torch.Generator().manual_seed(0))
+            finally:
+                torch.set_num_threads(prev)
             meta = {"key": d.name, "heldout_sampled_acc": acc, "build_s": round(time.time() - t0, 1),
                     "task": asdict(ev), "model": asdict(model_cfg), "pretrain": asdict(cfg)}
             torch.save(model.state_dict(), d / "start.pt.tmp")

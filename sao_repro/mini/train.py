@@ -270,7 +270,13 @@ def _rollout(self: MiniTrainer):
     problems = [p for p in prompts for _ in range(s.group_size)]
     return collect(behav, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
 
+def _row_lengths(self: MiniTrainer, ro, idx=slice(None)):
+    """Row lengths for forwards cut after each row's last token (`PolicyModel(..., lengths=)`); None for the `add`
+    family, whose rows are a few tokens long and which keeps the arithmetic of its published runs."""
+    return None if self.cfg.family == "add" else ro.lengths[idx]
+
 MiniTrainer.rollout = _rollout
+MiniTrainer.row_lengths = _row_lengths
 
 # %% ../../nbs/33_mini_train.ipynb #e36e100f
 def _advantages(self: MiniTrainer, ro, old_values):
@@ -292,7 +298,7 @@ def _policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None) -> tuple[dict,
     """One clipped Adam step on the setting's policy loss over rows `idx` of rollout `ro` (raises NonFiniteError
     before applying a bad step). `prox_logp`: the proximal policy's log-probs of these rows (None: this policy's)."""
     tokens, behav_logp, loss_mask = ro.tokens[idx], ro.behav_logp[idx], ro.loss_mask[idx]
-    logp = token_logp(self.policy(tokens, lengths=ro.lengths[idx]), tokens)
+    logp = token_logp(self.policy(tokens, lengths=self.row_lengths(ro, idx)), tokens)
     band = self.setting.band
     form = self.cfg.dis_form if band is not None else "direct"  # no DIS: the cluster's plain PPO ratio (ppo_clip)
     prox = logp.detach() if prox_logp is None else prox_logp
@@ -324,7 +330,7 @@ def _policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
     prox = None
     if self.cfg.dis_form == "decoupled" and self.setting.band is not None:
         with torch.no_grad():
-            prox = token_logp(self.policy(ro.tokens, lengths=ro.lengths), ro.tokens)
+            prox = token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
     logp = torch.empty_like(ro.behav_logp)
     ms = []
     for idx in torch.tensor_split(torch.randperm(len(ro.tokens), generator=self.mb_gen), n):
@@ -343,16 +349,16 @@ def _train_step(self: MiniTrainer) -> dict:
     s = self.setting
     ro, lag = self.rollout()
     m = {"step": self.step + 1}
-    old_values = self.critic.values(ro.tokens, lengths=ro.lengths).detach() if self.critic is not None else None
+    old_values = self.critic.values(ro.tokens, lengths=self.row_lengths(ro)).detach() if self.critic is not None else None
     adv, returns = self.advantages(ro, old_values)
     if self.critic is not None:
-        cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values, lengths=ro.lengths)
+        cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values, lengths=self.row_lengths(ro))
         if not (_finite(cm["critic/value_loss"]) and _finite(cm["critic/grad_norm"])):
             raise NonFiniteError(f"critic metrics not finite at step {self.step + 1}: {cm}")
         m.update({k: float(v) for k, v in cm.items()})
     if self.critic is not None and self.critic.in_warmup(self.step):
         with torch.no_grad():
-            logp = token_logp(self.policy(ro.tokens, lengths=ro.lengths), ro.tokens)
+            logp = token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
         m.update({"actor/loss": 0.0, "actor/grad_norm": 0.0, "actor/updated": 0, "actor/n_updates": 0})
     else:
         am, logp = self.policy_update(ro, adv)
