@@ -6,9 +6,8 @@ Docs: https://sao-repro.github.io/sao-repro/reward.html.md"""
 
 # %% auto #0
 __all__ = ['MAX_ANSWER_CHARS', 'WARMUP_CASES', 'HOOK_PREFIX', 'clean_text', 'parse_answer', 'score', 'warm_up', 'score_in_worker',
-           'LocalRewardPool', 'RewardConfig', 'RewardPool', 'reward_config_from_env', 'set_reward_env',
-           'get_reward_pool', 'close_reward_pool', 'verify', 'verify_stats', 'math_reward_fn', 'bench_items',
-           'bench_reward']
+           'LocalRewardPool', 'RewardPool', 'get_reward_pool', 'close_reward_pool', 'verify', 'verify_stats',
+           'math_reward_fn', 'bench_items', 'bench_reward']
 
 # %% ../nbs/21_reward.ipynb #b0e404ff
 import functools
@@ -491,20 +490,7 @@ def __exit__(self: LocalRewardPool, *exc):
     self.close()
 
 # %% ../nbs/21_reward.ipynb #ed84be57
-@dataclass
-class RewardConfig:
-    "Reward service settings (`reward:` in the run config)."
-    backend: str = field(default="local", metadata={"help": "where verification runs", "choices": ["local", "ray"]})
-    workers: int = field(default=2, metadata={"help": "worker processes (local) or Ray actors (ray)"})
-    timeout_s: float = field(default=5.0, metadata={"help": "hard per-item limit; a hung item is killed and scores 0"})
-
-    def __post_init__(self):
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"reward.backend={self.backend!r}: use 'local' or 'ray'")
-        if int(self.workers) < 1:
-            raise ValueError(f"reward.workers={self.workers}: need at least 1")
-        self.workers = int(self.workers)
-        self.timeout_s = check_timeout(self.timeout_s, "reward.timeout_s")
+from .runconfig import RewardConfig, reward_config_from_env, set_reward_env  # the `reward:` section
 
 # %% ../nbs/21_reward.ipynb #c9720a73
 class RewardPool:
@@ -553,20 +539,6 @@ class RewardPool:
 # %% ../nbs/21_reward.ipynb #a740720a
 _DEFAULT = {"pool": None, "pid": None, "rebuilds": 0}
 _DEFAULT_LOCK = threading.Lock()
-
-
-def reward_config_from_env() -> RewardConfig:
-    "The process-wide pool's config, from SAO_REWARD_* environment variables."
-    return RewardConfig(backend=os.environ.get("SAO_REWARD_BACKEND", "local"),
-                        workers=int(os.environ.get("SAO_REWARD_WORKERS", "1")),
-                        timeout_s=float(os.environ.get("SAO_REWARD_TIMEOUT_S", "5")))
-
-
-def set_reward_env(cfg: RewardConfig):
-    "Export `cfg` as SAO_REWARD_* so this process and its children build the same pool."
-    os.environ["SAO_REWARD_BACKEND"] = cfg.backend
-    os.environ["SAO_REWARD_WORKERS"] = str(cfg.workers)
-    os.environ["SAO_REWARD_TIMEOUT_S"] = str(cfg.timeout_s)
 
 # %% ../nbs/21_reward.ipynb #e090e2aa
 def get_reward_pool() -> RewardPool:
