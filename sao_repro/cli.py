@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward-workers": ("sao_repro.reward_workers:reward_workers_main", "start / stop / status / watch the Ray reward workers"),
     "areal-config": ("sao_repro.launch:areal_config_main", "print a fully resolved AReaL 1.0.4 config as YAML"),
     "launch": ("sao_repro.launch:launch_main", "launch one AReaL experiment: preflight, reward workers, train (--dry-run)"),
-    "preflight": ("sao_repro.launch:preflight_main", "check the GPUs for ghost memory before a launch"),
+    "preflight": ("sao_repro.preflight:preflight_main", "check the GPUs for ghost memory before a launch"),
     "rehearse": ("sao_repro.areal.rehearse:rehearse_main", "rehearse the cluster run on this CPU: AReaL's own trainer, every setting, a tiny model"),
     "cpu-server": ("sao_repro.areal.cpu_server:cpu_server_main", "serve a model on the CPU with the endpoints AReaL's vLLM client calls"),
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),

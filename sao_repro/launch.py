@@ -1,4 +1,4 @@
-"""GPU preflight, the launch plan (Ray, reward workers, AReaL training, tear-down), `sao-repro launch` and `sao-repro areal-config`, all testable with `--dry-run` and a mocked command runner.
+"""The launch plan (GPU preflight, Ray, reward workers, AReaL training, tear-down), `sao-repro launch` and `sao-repro areal-config`, all testable with `--dry-run` and a mocked command runner.
 
 Docs: https://sao-repro.github.io/sao-repro/launch.html.md"""
 
@@ -7,112 +7,27 @@ Docs: https://sao-repro.github.io/sao-repro/launch.html.md"""
 # %% ../nbs/41_launch.ipynb #ebd45356
 from __future__ import annotations
 import argparse
-import csv
-import io
+import importlib.util
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from .runconfig import repo_dir
+from .runlog import read_events
+# the launch's first step; importable from here as before
+from .preflight import (APPS_QUERY, EXIT_GPUS, EXIT_NO_SMI, EXIT_OK, GPU, GPU_QUERY, classify_gpus, parse_preflight,
+                                 preflight_cmd, preflight_main, preflight_report, run_preflight)
 
 # %% auto #0
-__all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'SETTING_CONFIGS',
-           'GPU', 'classify_gpus', 'preflight_report', 'run_preflight', 'preflight_main', 'Step', 'launch_plan',
-           'execute_plan', 'rehearsal_plan', 'areal_config_main', 'repo_dir', 'is_finished', 'launch_one',
-           'summary_table', 'launch_parser', 'launch_main', 'setting_config', 'launch_setting']
-
-# %% ../nbs/41_launch.ipynb #7c4fdf32
-GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader,nounits"]
-APPS_QUERY = ["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
-EXIT_OK, EXIT_GPUS, EXIT_NO_SMI = 0, 1, 2
-
-@dataclass
-class GPU:
-    index:int
-    uuid:str
-    used_mib:float
-    total_mib:float
-    pids:list = field(default_factory=list)
-    status:str = "free"  # free | busy | ghost
-
-def _rows(text:str) -> list[list[str]]:
-    return [[c.strip() for c in r] for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
-
-def classify_gpus(
-    gpu_csv:str, # output of nvidia-smi GPU_QUERY
-    apps_csv:str, # output of nvidia-smi APPS_QUERY
-    threshold_mib:float=1024, # used memory above this with no process = ghost
-) -> list[GPU]:
-    "Parse the two queries and classify every GPU as free, busy or ghost."
-    num = lambda s: float(re.sub(r"[^0-9.]", "", s) or 0)  # tolerate " MiB" units
-    gpus = []
-    for r in _rows(gpu_csv):
-        if len(r) < 4 or not r[0].isdigit():  # a header line
-            continue
-        gpus.append(GPU(int(r[0]), r[1], num(r[2]), num(r[3])))
-    by_uuid = {g.uuid: g for g in gpus}
-    for r in _rows(apps_csv):
-        if len(r) >= 2 and r[0] in by_uuid and r[1].isdigit():
-            by_uuid[r[0]].pids.append(int(r[1]))
-    for g in gpus:
-        g.status = "busy" if g.pids else ("ghost" if g.used_mib > threshold_mib else "free")
-    return gpus
-
-# %% ../nbs/41_launch.ipynb #e96e080f
-def preflight_report(gpus:list[GPU], threshold_mib:float=1024) -> tuple[int, str]:
-    "Exit code and the message for classified GPUs."
-    if not gpus:
-        return EXIT_GPUS, "preflight: FAIL: nvidia-smi lists no GPU on this node"
-    lines = [f"GPU {g.index}: {g.status} ({g.used_mib:.0f} / {g.total_mib:.0f} MiB used"
-             + (f", pids {' '.join(map(str, g.pids))})" if g.pids else ")") for g in gpus]
-    bad = [g for g in gpus if g.status != "free"]
-    if not bad:
-        return EXIT_OK, "\n".join(lines + [f"preflight: OK: {len(gpus)} GPU(s) free"])
-    for g in bad:
-        why = (f"holds ghost memory: {g.used_mib:.0f} MiB used (> {threshold_mib:g}) with no process on it; "
-               "reset it (nvidia-smi --gpu-reset) or reboot the node") if g.status == "ghost" else \
-              f"is busy: process(es) {' '.join(map(str, g.pids))} run on it"
-        lines.append(f"preflight: FAIL: GPU {g.index} {why}")
-    ok = [str(g.index) for g in gpus if g.status == "free"]
-    lines.append(f"preflight: suggestion: CUDA_VISIBLE_DEVICES={','.join(ok)}" if ok else
-                 "preflight: no free GPU left on this node")
-    return EXIT_GPUS, "\n".join(lines)
-
-# %% ../nbs/41_launch.ipynb #ebd9a43c
-def run_preflight(
-    threshold_mib:float=1024, # ghost threshold
-    smi:str="nvidia-smi", # the nvidia-smi executable
-    run=subprocess.run, # command runner (tests pass a fake)
-) -> tuple[int, str]:
-    "Query nvidia-smi and judge this node's GPUs: (exit code, message)."
-    if shutil.which(smi) is None and run is subprocess.run:
-        return EXIT_NO_SMI, f"preflight: FAIL: {smi} not found on PATH; install the NVIDIA driver tools or run on a GPU node"
-    outs = []
-    for q in (GPU_QUERY, APPS_QUERY):
-        try:
-            p = run([smi, *q], capture_output=True, text=True)
-        except FileNotFoundError:
-            return EXIT_NO_SMI, f"preflight: FAIL: {smi} not found on PATH; install the NVIDIA driver tools or run on a GPU node"
-        if p.returncode != 0:
-            return EXIT_NO_SMI, f"preflight: FAIL: {smi} {' '.join(q)} exited {p.returncode}: {(p.stderr or p.stdout).strip()}"
-        outs.append(p.stdout)
-    return preflight_report(classify_gpus(*outs, threshold_mib=threshold_mib), threshold_mib)
-
-def preflight_main(argv:list[str]|None=None) -> int:
-    "`sao-repro preflight`: check this node's GPUs for ghost memory and busy processes."
-    p = argparse.ArgumentParser(prog="sao-repro preflight", description="Check this node's GPUs before a launch: "
-                                "fail on ghost memory (used memory, no process) or busy GPUs, and suggest CUDA_VISIBLE_DEVICES.")
-    p.add_argument("--threshold-mib", type=float, default=1024, help="used memory (MiB) above which a GPU without processes holds ghost memory (default 1024)")
-    p.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi executable (default: from PATH)")
-    a = p.parse_args(argv)
-    rc, msg = run_preflight(a.threshold_mib, a.nvidia_smi)
-    print(msg, file=sys.stdout if rc == 0 else sys.stderr)
-    return rc
+__all__ = ['RAY_PROBE', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'SETTING_CONFIGS', 'CONFIG_ALIASES', 'Step',
+           'launch_plan', 'ray_running', 'execute_plan', 'rehearsal_plan', 'areal_cpu_requirements',
+           'missing_requirements', 'areal_install_hint', 'areal_config_module', 'areal_config_main', 'is_finished',
+           'launch_one', 'summary_table', 'launch_parser', 'launch_main', 'setting_config', 'launch_setting']
 
 # %% ../nbs/41_launch.ipynb #592fdb1e
 @dataclass
@@ -137,8 +52,8 @@ def launch_plan(
     "The ordered steps of one launch."
     steps = []
     if preflight:
-        steps.append(Step("preflight", ["bash", str(Path(scripts_dir) / "preflight_gpus.sh"), "--threshold-mib", f"{threshold_mib:g}"]))
-    steps.append(Step("ray-up", ["ray", "start", "--head", "--disable-usage-stats"], when="unless `ray status` finds a running cluster"))
+        steps.append(Step("preflight", preflight_cmd(threshold_mib, scripts_dir)))
+    steps.append(Step("ray-up", ["ray", "start", "--head", "--disable-usage-stats"], when="unless a Ray client finds a running cluster"))
     ray_rewards = reward_backend == "ray"
     if ray_rewards:
         steps.append(Step("reward-up", ["sao-repro", "reward-workers", "start", "--workers", str(reward_workers),
@@ -148,6 +63,19 @@ def launch_plan(
         steps.append(Step("reward-down", ["sao-repro", "reward-workers", "stop"], always=True, when="reward.backend: ray"))
     steps.append(Step("ray-down", ["ray", "stop"], always=True, when="only if ray-up started Ray"))
     return steps
+
+# %% ../nbs/41_launch.ipynb #e89fe985
+RAY_PROBE = [sys.executable, "-c", "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()"]
+
+def ray_running(
+    run=subprocess.run, # command runner (tests pass a fake)
+    timeout_s:float=120, # a probe that hangs this long counts as no cluster
+) -> bool:
+    "True if a Ray cluster runs on this machine: a Ray client connects to it (`ray status` can fail on token auth)."
+    try:
+        return run(RAY_PROBE, capture_output=True, text=True, timeout=timeout_s).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 # %% ../nbs/41_launch.ipynb #c798b2ad
 def execute_plan(
@@ -168,7 +96,7 @@ def execute_plan(
         if rc != 0 and not s.always:
             records.append({"step": s.name, "cmd": s.cmd, "status": "skipped"})
             continue
-        if s.name == "ray-up" and run(["ray", "status"], capture_output=True, text=True).returncode == 0:
+        if s.name == "ray-up" and ray_running(run):
             print("  ray: a cluster is already running; using it (it will not be stopped)", file=out)
             records.append({"step": s.name, "cmd": s.cmd, "status": "reused"})
             continue
@@ -210,6 +138,54 @@ def rehearsal_plan(
             s.cmd = list(CPU_RAY_HEAD)
     return [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")] + plan
 
+# %% ../nbs/41_launch.ipynb #61b933ac
+AREAL_REQUIREMENTS = "areal_cpu_requirements.txt"
+
+def areal_cpu_requirements(
+    path:str|Path|None=None, # default: scripts/areal_cpu_requirements.txt of the checkout
+) -> dict[str, str]: # module -> pip requirement (" --no-deps" appended where it is installed without its dependencies)
+    "What AReaL 1.0.4 imports on a CPU, as pinned in scripts/areal_cpu_requirements.txt (empty without the file)."
+    p = Path(path or repo_dir() / "scripts" / AREAL_REQUIREMENTS)
+    out = {}
+    for line in p.read_text().splitlines() if p.is_file() else []:
+        req, _, note = line.partition("#")
+        if not req.strip():
+            continue
+        m = re.search(r"\bimport (\S+)", note)
+        mod = m[1] if m else re.split(r"[\[=<>~!; ]", req.strip())[0].replace("-", "_")
+        out[mod] = req.strip() + (" --no-deps" if "--no-deps" in note else "")
+    return out
+
+def missing_requirements(deps:dict[str, str]) -> list[str]:
+    "The requirements of `deps` (module -> requirement) whose module is not importable here."
+    def absent(mod):
+        try:
+            return importlib.util.find_spec(mod) is None
+        except (ImportError, ValueError):
+            return True
+    return [req for mod, req in deps.items() if absent(mod)]
+
+# %% ../nbs/41_launch.ipynb #9b6372bb
+def areal_install_hint(e:ImportError) -> str:
+    "What to install after importing AReaL (or a package it imports) failed with `e`."
+    deps = areal_cpu_requirements()
+    top = (e.name or "").split(".")[0]
+    need = list(dict.fromkeys(([deps[top]] if top in deps else []) + missing_requirements(deps))) or [top or "areal==1.0.4"]
+    reqs = [shlex.quote(r) for r in need if not r.endswith(" --no-deps")]
+    nodeps = [r.removesuffix(" --no-deps") for r in need if r.endswith(" --no-deps")]
+    cmds = ([f"pip install {' '.join(reqs)}"] if reqs else []) + ([f"pip install --no-deps {' '.join(nodeps)}"] if nodeps else [])
+    return (f"AReaL 1.0.4 or a package it imports is not installed ({e}). Install: {'; then '.join(cmds)}; "
+            f"or everything AReaL imports on a CPU: bash scripts/install_dev.sh (pins: scripts/{AREAL_REQUIREMENTS}; "
+            "on a GPU node: scripts/bootstrap_areal.sh)")
+
+def areal_config_module():
+    "`sao_repro.areal.config`, which imports AReaL; if something is missing, an ImportError that says what to install."
+    try:
+        from sao_repro.areal import config
+    except ImportError as e:
+        raise ImportError(areal_install_hint(e), name=e.name) from None
+    return config
+
 # %% ../nbs/41_launch.ipynb #acbd7611
 def _split_args(items:list[str]) -> tuple[list[str], list[str]]:
     "Positional arguments into (config files, key=value overrides)."
@@ -223,40 +199,34 @@ def areal_config_main(argv:list[str]|None=None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax), e.g. seed=2 actor.optimizer.lr=2e-6")
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
     a = p.parse_intermixed_args(argv)
-    from sao_repro.areal.config import load_sao_config, config_yaml, config_env
-    _, missing = config_env(a.dotenv)
     try:
-        cfg = load_sao_config(a.config, a.overrides, dotenv=a.dotenv, placeholders=True)
-    except (ValueError, FileNotFoundError) as e:
+        C = areal_config_module()
+        _, missing = C.config_env(a.dotenv)
+        cfg = C.load_sao_config(a.config, a.overrides, dotenv=a.dotenv, placeholders=True)
+    except (ImportError, ValueError, FileNotFoundError) as e:
         print(f"sao-repro areal-config: {e}", file=sys.stderr)
         return 2
     if missing:
         print(f"# note: unset {', '.join(missing)}: shown as <unset:NAME> (see .env.example)", file=sys.stderr)
-    sys.stdout.write(config_yaml(cfg))
+    sys.stdout.write(C.config_yaml(cfg))
     return 0
 
 # %% ../nbs/41_launch.ipynb #a7cc91f2
-def repo_dir() -> Path:
-    "The checkout holding configs/ and scripts/ (the package's parent in a clone, else the working directory)."
-    here = Path(__file__).resolve().parent.parent
-    return here if (here / "configs").is_dir() else Path.cwd()
-
 def is_finished(run_dir:str|Path) -> bool:
     "True if `<run_dir>/events.log` records a `finish` event."
-    f = Path(run_dir) / "events.log"
-    return f.is_file() and any(l.split("\t")[1:2] == ["finish"] for l in f.read_text().splitlines())
+    return any(e["event"] == "finish" for e in read_events(run_dir))
 
 def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight:bool=True, threshold_mib:float=1024,
                dotenv:str=".env", skip_finished:bool=False, run=subprocess.run, out=sys.stdout,
                scripts_dir:str|None=None, cpu_rehearsal:bool=False, rehearsal_out:str="runs_rehearsal") -> dict:
     "Load one config, build its plan and execute it; returns a summary record."
-    from sao_repro.areal.config import load_sao_config, config_env
-    _, missing = config_env(dotenv)
+    C = areal_config_module()
+    _, missing = C.config_env(dotenv)
     if missing and not dry_run and not cpu_rehearsal:
         msg = f"unset {', '.join(missing)}: set them in the environment or .env (see .env.example)"
         print(f"sao-repro launch: {config}: {msg}", file=sys.stderr)
         return {"config": config, "status": "error", "returncode": 2, "error": msg}
-    cfg = load_sao_config(config, overrides, dotenv=dotenv, placeholders=dry_run or cpu_rehearsal)
+    cfg = C.load_sao_config(config, overrides, dotenv=dotenv, placeholders=dry_run or cpu_rehearsal)
     rec = {"config": config, "setting": cfg.sao.setting, "seed": cfg.seed, "run_dir": cfg.sao.run_dir}
     if missing:
         print(f"# note: unset {', '.join(missing)}: shown as <unset:NAME>", file=out)
@@ -311,7 +281,7 @@ def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
             r = launch_one(c, overrides, dry_run=a.dry_run, preflight=not a.no_preflight, threshold_mib=a.threshold_mib,
                            dotenv=a.dotenv, skip_finished=a.skip_finished, run=run, out=out,
                            cpu_rehearsal=a.cpu_rehearsal, rehearsal_out=a.rehearsal_out)
-        except (ValueError, FileNotFoundError) as e:
+        except (ImportError, ValueError, FileNotFoundError) as e:
             print(f"sao-repro launch: {c}: {e}", file=sys.stderr)
             r = {"config": c, "status": "error", "returncode": 2, "error": str(e)}
         records.append(r)
@@ -323,7 +293,9 @@ def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
 
 # %% ../nbs/41_launch.ipynb #5357d42d
 SETTING_CONFIGS = {"sao": "phase2_hard_sao.yaml", "grpo": "phase2_hard_grpo.yaml", "grpo_dis": "phase2_hard_grpo_dis.yaml",
-                   "running_mean": "phase2_hard_running_mean.yaml", "single_dis": "phase2_hard_grpo_dis_g1.yaml"}
+                   "running_mean": "phase2_hard_running_mean.yaml", "single_dis": "phase2_hard_single_dis.yaml"}
+# the reference implementation's name for single_dis: configs/phase2_hard_grpo_dis_g1.yaml loads the same config
+CONFIG_ALIASES = {"phase2_hard_grpo_dis_g1.yaml": "phase2_hard_single_dis.yaml"}
 
 def setting_config(setting:str, config_dir:str|Path|None=None) -> Path:
     "The cluster config file of a registered setting."

@@ -1,4 +1,4 @@
-"""What a run writes, under the names both backends share: the files of a run folder and one step's metrics.
+"""What a run writes, under the names both backends share: the files of a run folder, its `events.log` (`log_event` appends, `read_events` reads back) and one step's metrics.
 
 Docs: https://sao-repro.github.io/sao-repro/runlog.html.md"""
 
@@ -6,16 +6,60 @@ Docs: https://sao-repro.github.io/sao-repro/runlog.html.md"""
 
 # %% ../nbs/03_runlog.ipynb #b0ab7fca
 from __future__ import annotations
+import json
 import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .guards import event_line_ok
 
 # %% auto #0
-__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE', 'to_float', 'flatten',
-           'online_accuracy', 'graded_count', 'add_derived', 'areal_to_metrics']
+__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE', 'log_event', 'event_time',
+           'read_events', 'to_float', 'flatten', 'online_accuracy', 'graded_count', 'add_derived', 'areal_to_metrics']
 
 # %% ../nbs/03_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.log"
 CONFIG_FILE = "config.json"
+
+# %% ../nbs/03_runlog.ipynb #0ec6453d
+def log_event(
+    run_dir:str|Path, # the run folder (created if missing); empty: log nothing
+    event:str, # event name, e.g. start, resume, checkpoint, finish, error
+    **details, # JSON-able details (anything else is written as str)
+) -> str|None: # the line written (without its newline), or None
+    "Append `UTC-time<TAB>EVENT<TAB>json details` to `<run_dir>/events.log`."
+    if not run_dir:
+        return None
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    line = f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\t{event}\t{json.dumps(details, default=str)}"
+    with open(Path(run_dir) / EVENTS_FILE, "ab+") as f:
+        lead = ""
+        if f.seek(0, 2):  # after a torn last line, start a new one (readers skip the torn one)
+            f.seek(-1, 2)
+            lead = "" if f.read(1) == b"\n" else "\n"
+        f.write((lead + line + "\n").encode())
+    return line
+
+# %% ../nbs/03_runlog.ipynb #3890585c
+def event_time(stamp:str) -> datetime:
+    "The time of an events.log line: ISO 8601 with an offset, or (older AReaL lines) local time without one."
+    t = datetime.fromisoformat(stamp.strip())
+    return t if t.tzinfo is not None else t.astimezone()
+
+def read_events(run_dir:str|Path) -> list[dict]:
+    "The events of `<run_dir>/events.log` as `{time, event, details}` (torn or garbage lines skipped)."
+    p = Path(run_dir) / EVENTS_FILE
+    out = []
+    for raw in p.read_bytes().splitlines() if p.is_file() else []:
+        if not event_line_ok(raw):
+            continue
+        stamp, event, details = raw.decode().split("\t")
+        try:
+            out.append({"time": event_time(stamp), "event": event, "details": json.loads(details)})
+        except ValueError:
+            continue
+    return out
 
 # %% ../nbs/03_runlog.ipynb #21e0fefd
 def to_float(v) -> float|None:

@@ -11,5 +11,5 @@ sao_repro launch --skip-finished --summary-json "$ROOT/runs/compare_summary.json
   "$ROOT/configs/phase2_hard_grpo.yaml" \
   "$ROOT/configs/phase2_hard_grpo_dis.yaml" \
   "$ROOT/configs/phase2_hard_running_mean.yaml" \
-  "$ROOT/configs/phase2_hard_grpo_dis_g1.yaml" \
+  "$ROOT/configs/phase2_hard_single_dis.yaml" \
   "$@"

@@ -5,8 +5,11 @@
 # and classifies each GPU: free | busy (a process runs on it) | ghost (used memory above the threshold, no
 # process: memory a crashed job left behind). Exit 0 if every GPU is free; 1 if a GPU is busy or holds ghost
 # memory (it is named, with a CUDA_VISIBLE_DEVICES that leaves it out) or there is no GPU; 2 if nvidia-smi is
-# missing or fails. Same rules as sao_repro.launch.run_preflight; pure bash + awk so it runs on a bare node.
-#   scripts/preflight_gpus.sh [--threshold-mib 1024]
+# missing or fails. The only implementation of these rules: `sao-repro preflight` and `sao-repro launch` run
+# this script and read its output. Pure bash + awk, so it runs on a bare node.
+#   scripts/preflight_gpus.sh [--threshold-mib 1024] [--gpus-csv FILE --apps-csv FILE]
+# --gpus-csv / --apps-csv: judge recorded outputs of the two queries instead of running nvidia-smi.
+# NVIDIA_SMI=/path/to/nvidia-smi picks the executable (default: nvidia-smi on PATH).
 set -uo pipefail
 
 THRESHOLD_MIB="${THRESHOLD_MIB:-1024}"
@@ -15,20 +18,27 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --threshold-mib) THRESHOLD_MIB="${2:?--threshold-mib needs a value}"; shift 2 ;;
     --threshold-mib=*) THRESHOLD_MIB="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "preflight_gpus.sh: unknown option $1 (use --threshold-mib N)" >&2; exit 2 ;;
+    --gpus-csv) GPUS_CSV="${2:?--gpus-csv needs a file}"; shift 2 ;;
+    --apps-csv) APPS_CSV="${2:?--apps-csv needs a file}"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "preflight_gpus.sh: unknown option $1 (use --threshold-mib N, --gpus-csv FILE, --apps-csv FILE)" >&2; exit 2 ;;
   esac
 done
 
-if ! command -v "$SMI" >/dev/null 2>&1; then
+if [ -n "${GPUS_CSV:-}${APPS_CSV:-}" ]; then
+  if [ ! -r "${GPUS_CSV:-}" ] || [ ! -r "${APPS_CSV:-}" ]; then
+    echo "preflight: FAIL: --gpus-csv and --apps-csv need two readable files (got '${GPUS_CSV:-}' and '${APPS_CSV:-}')" >&2
+    exit 2
+  fi
+  gpus="$(cat "$GPUS_CSV")"
+  apps="$(cat "$APPS_CSV")"
+elif ! command -v "$SMI" >/dev/null 2>&1; then
   echo "preflight: FAIL: $SMI not found on PATH; install the NVIDIA driver tools or run on a GPU node" >&2
   exit 2
-fi
-if ! gpus="$("$SMI" --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits 2>&1)"; then
+elif ! gpus="$("$SMI" --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits 2>&1)"; then
   echo "preflight: FAIL: $SMI --query-gpu failed: $gpus" >&2
   exit 2
-fi
-if ! apps="$("$SMI" --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits 2>&1)"; then
+elif ! apps="$("$SMI" --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits 2>&1)"; then
   echo "preflight: FAIL: $SMI --query-compute-apps failed: $apps" >&2
   exit 2
 fi

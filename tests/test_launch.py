@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sao_repro.launch import (GPU_QUERY, APPS_QUERY, classify_gpus, preflight_report, run_preflight, launch_plan,
-                              execute_plan, launch_main, areal_config_main, launch_setting, is_finished, SETTING_CONFIGS)
+                              execute_plan, launch_main, areal_config_main, launch_setting, is_finished, SETTING_CONFIGS,
+                              CONFIG_ALIASES, RAY_PROBE, areal_cpu_requirements)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMI_DATA = Path(__file__).resolve().parent / "data" / "nvidia_smi"
@@ -34,10 +35,9 @@ def fake_smi_dir(tmp_path, case):
 
 
 def replay(case):
-    "Fake runner for run_preflight."
+    "Fake runner for run_preflight: the preflight script itself, reading the recorded outputs of `case` instead of nvidia-smi."
     def run(cmd, **kw):
-        f = "gpus.csv" if cmd[1] == GPU_QUERY[0] else "apps.csv"
-        return subprocess.CompletedProcess(cmd, 0, (SMI_DATA / case / f).read_text(), "")
+        return subprocess.run([*cmd, "--gpus-csv", str(SMI_DATA / case / "gpus.csv"), "--apps-csv", str(SMI_DATA / case / "apps.csv")], **kw)
     return run
 
 
@@ -103,7 +103,7 @@ class Recorder:
 
     def __call__(self, cmd, **kw):
         self.calls.append(list(cmd))
-        if cmd[:2] == ["ray", "status"]:
+        if cmd == RAY_PROBE:  # the Ray client probe of launch.ray_running
             return subprocess.CompletedProcess(cmd, 0 if self.ray_running else 1, "", "")
         bad = self.fail is not None and any(self.fail in c for c in cmd)
         return subprocess.CompletedProcess(cmd, 1 if bad else 0, "", "")
@@ -233,3 +233,77 @@ def test_bootstrap_check_only_changes_nothing(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap_areal.sh")], capture_output=True, text=True,
                        env={**env, "BACKEND": "tensorrt"}, timeout=60)
     assert r.returncode == 2
+
+
+# ---------------------------------------------------------------- one preflight, one Ray probe, one place for pins
+
+def test_preflight_reads_the_scripts_report(tmp_path):
+    "Python holds no preflight rules: it runs scripts/preflight_gpus.sh and parses the GPUs from its report."
+    gpus = classify_gpus("0, GPU-a, 5, 81559\n1, GPU-b, 61234, 81559\n", "GPU-a, 7, 5\n", threshold_mib=1024)
+    assert [(g.index, g.status, g.pids) for g in gpus] == [(0, "busy", [7]), (1, "ghost", [])]
+    d = fake_smi_dir(tmp_path, "busy")
+    r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "preflight", "--nvidia-smi", str(d / "nvidia-smi")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1 and "GPU 0 is busy" in r.stderr
+    assert launch_plan("c.yaml", [], "local")[0].cmd[:2] == ["bash", "scripts/preflight_gpus.sh"]
+
+
+def test_ray_probe_is_a_client_not_ray_status():
+    seen = []
+
+    def hang(cmd, **kw):
+        seen.append((cmd, kw.get("timeout")))
+        raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+    from sao_repro.launch import ray_running
+    assert ray_running(run=hang, timeout_s=3) is False
+    assert seen == [(RAY_PROBE, 3)] and "ray.init(address='auto'" in RAY_PROBE[-1]
+    from sao_repro.areal import rehearse
+    assert rehearse.ray_running is ray_running  # the rehearsal asks the same probe
+
+
+def test_areal_pins_live_in_one_file():
+    deps = areal_cpu_requirements()
+    text = (ROOT / "scripts" / "install_dev.sh").read_text()
+    assert "scripts/areal_cpu_requirements.txt" in text
+    assert [l for l in text.splitlines() if "==" in l and not l.lstrip().startswith("#")] == \
+        ['TORCH="${TORCH:-torch==2.13.0}"']  # no pin of AReaL's dependencies outside the file
+    assert deps["areal"] == "areal==1.0.4 --no-deps" and deps["omegaconf"] == "omegaconf==2.4.0.dev2"
+    from sao_repro.areal.rehearse import AREAL_CPU_DEPS
+    assert AREAL_CPU_DEPS == deps
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for mod in ("areal", "hydra", "omegaconf"):  # the cluster extra pins the same versions
+        assert f'"{deps[mod].removesuffix(" --no-deps")}"' in pyproject, mod
+
+
+BLOCK = """import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == sys.argv[1]:
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+sys.meta_path.insert(0, Block())
+from sao_repro.cli import main
+sys.exit(main(['areal-config', 'configs/phase2_hard_sao.yaml', '--dotenv', 'none']))
+"""
+
+
+@pytest.mark.parametrize("blocked,install", [("areal", "pip install --no-deps areal==1.0.4"),
+                                             ("omegaconf", "pip install omegaconf==2.4.0.dev2")])
+def test_areal_config_without_areal_says_what_to_install(blocked, install):
+    "AReaL (or a package it imports) missing: exit 2 with the pip requirement and the install script, no traceback."
+    r = subprocess.run([sys.executable, "-c", BLOCK, blocked], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert install in r.stderr and "bash scripts/install_dev.sh" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("alias,target", CONFIG_ALIASES.items())
+def test_config_alias_loads_the_same_config(alias, target, capsys):
+    "configs/phase2_hard_grpo_dis_g1.yaml (the reference's name) is configs/phase2_hard_single_dis.yaml."
+    from sao_repro.areal.train import main as train_main
+    outs = []
+    for name in (alias, target):
+        assert areal_config_main([str(ROOT / "configs" / name), "--dotenv", "none"]) == 0
+        assert train_main(["--config", str(ROOT / "configs" / name), "--print-config", "--dotenv", "none"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "setting: single_dis" in outs[0]
+    assert SETTING_CONFIGS["single_dis"] == target

@@ -20,12 +20,10 @@ from enum import Enum
 from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
-from .standins import install as _install_standins
-_install_standins()  # no-op where AReaL's full dependency set is installed
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
 from ..settings import get_setting, list_settings
 from ..guards import check_interpolations, load_yaml_bounded
-from ..reward import RewardConfig
+from ..runconfig import RewardConfig
 from .algo import areal_actor_keys
 
 logger = logging.getLogger("sao_repro.areal")

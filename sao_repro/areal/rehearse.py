@@ -6,12 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal_rehearse.html.md"""
 
 # %% auto #0
 __all__ = ['OVERLAY', 'SCHEDULERS', 'AREAL_CPU_DEPS', 'STEP_RE', 'PHASES', 'missing_deps', 'RehearsalRun', 'overlay_trajectories',
-           'plan', 'RehearsalError', 'check_run_dir', 'wait_healthy', 'run_one', 'ray_running', 'ensure_ray',
-           'rehearse_parser', 'rehearse_main', 'phase_seconds', 'bench_rehearsal']
+           'plan', 'RehearsalError', 'check_run_dir', 'wait_healthy', 'run_one', 'ensure_ray', 'rehearse_parser',
+           'rehearse_main', 'phase_seconds', 'bench_rehearsal']
 
 # %% ../../nbs/49_areal_rehearse.ipynb #4d81ede2
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -25,20 +24,19 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..settings import get_setting, list_settings
-from ..launch import CPU_RAY_HEAD, repo_dir, setting_config
+from ..runconfig import repo_dir
+from ..launch import CPU_RAY_HEAD, areal_cpu_requirements, missing_requirements, ray_running, setting_config
 from .train import PARENT_ENV
 
 # %% ../../nbs/49_areal_rehearse.ipynb #baf7b500
 OVERLAY = "cpu_rehearsal.yaml"
 SCHEDULERS = ("spmd", "local", "ray")
-# what AReaL 1.0.4 imports on a CPU, and the pip requirement that provides it
-AREAL_CPU_DEPS = {"areal": "areal==1.0.4 --no-deps", "transformers": "transformers==5.3.0", "omegaconf": "omegaconf==2.4.0.dev2",
-                  "hydra": "hydra-core==1.4.0.dev1", "peft": "peft==0.18.1", "numba": "numba", "wandb": "wandb",
-                  "swanlab": "swanlab", "trackio": "trackio==0.43.0", "tokenizers": "tokenizers", "datasets": "datasets"}
+# what AReaL 1.0.4 imports on a CPU (module -> pip requirement), as scripts/install_dev.sh installs it
+AREAL_CPU_DEPS = areal_cpu_requirements()
 
 def missing_deps() -> list[str]:
     "pip requirements of AReaL's CPU path that are not importable here."
-    return [req for mod, req in AREAL_CPU_DEPS.items() if importlib.util.find_spec(mod) is None]
+    return missing_requirements(AREAL_CPU_DEPS)
 
 # %% ../../nbs/49_areal_rehearse.ipynb #035d7f53
 @dataclass
@@ -207,14 +205,6 @@ def _steps_logged(run_dir:Path) -> int:
     return len(steps)
 
 # %% ../../nbs/49_areal_rehearse.ipynb #d2a0d5ba
-def ray_running() -> bool:
-    "True if a Ray cluster runs on this machine (a client connects to it; `ray status` can fail on token auth)."
-    code = "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()"
-    try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
 def ensure_ray() -> bool:
     "Start a local Ray head unless one runs; True if this call started it (stop it with `ray stop`)."
     if ray_running():

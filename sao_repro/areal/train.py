@@ -14,6 +14,8 @@ import json
 import os
 import sys
 from pathlib import Path
+from ..runconfig import set_reward_env
+from ..runlog import log_event
 
 # %% ../../nbs/45_areal_train.ipynb #bbe084d9
 PROMPT_SUFFIX = "\nPlease put your final answer within \\boxed{}."
@@ -67,7 +69,6 @@ def load_math_dataset(path:str, tokenizer=None, max_length:int|None=None):
 
 def _export_reward_env(cfg):
     "SAO_REWARD_* for this process and every rollout worker (they build the reward pool from them)."
-    from sao_repro.reward import set_reward_env
     set_reward_env(cfg.reward)
     env = {k: os.environ[k] for k in ("SAO_REWARD_BACKEND", "SAO_REWARD_WORKERS", "SAO_REWARD_TIMEOUT_S")}
     for spec in cfg.rollout.scheduling_spec:
@@ -88,7 +89,6 @@ def _start_run(cfg, run_dir:str):
     from areal.api.cli_args import save_config
     from areal.utils.stats_logger import StatsLogger
     from sao_repro.areal.config import config_dict
-    from sao_repro.areal.trainer import log_event
     save_config(cfg, StatsLogger.get_log_path(cfg.stats_logger))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
@@ -105,9 +105,7 @@ def _start_run(cfg, run_dir:str):
 def train(cfg) -> int:
     "Run AReaL 1.0.4 training for a loaded `SAOConfig` (GPUs and vLLM / SGLang, or the CPU rehearsal)."
     from areal.utils.hf_utils import load_hf_tokenizer
-    from sao_repro.areal.trainer import SAOPPOTrainer, log_event
-    from sao_repro.areal.standins import require_real
-    require_real("python -m sao_repro.areal.train")
+    from sao_repro.areal.trainer import SAOPPOTrainer
     run_dir = cfg.sao.run_dir
     if os.getenv("RANK", "0") == "0":
         clear_trial_records(cfg)

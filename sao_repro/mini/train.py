@@ -32,9 +32,9 @@ from .rollout import PolicyHistory, RolloutConfig, collect, pick_lag
 from .task import TaskConfig, chain_prompt_len, eval_problems, max_answer_len, sample_problems, task_tokenizer
 
 # %% auto #0
-__all__ = ['BACKENDS', 'RUN_FILES', 'RESUME_FREE', 'MiniRunConfig', 'log_event', 'read_metrics', 'truncate_metrics',
-           'checkpoints', 'NonFiniteError', 'MiniTrainer', 'eval_due', 'RunExistsError', 'ConfigChangeError',
-           'check_fresh', 'config_changes', 'readable_checkpoint', 'repair_logs', 'train_run']
+__all__ = ['BACKENDS', 'RUN_FILES', 'RESUME_FREE', 'MiniRunConfig', 'read_metrics', 'truncate_metrics', 'checkpoints',
+           'NonFiniteError', 'MiniTrainer', 'eval_due', 'RunExistsError', 'ConfigChangeError', 'check_fresh',
+           'config_changes', 'readable_checkpoint', 'repair_logs', 'train_run']
 
 # %% ../../nbs/33_mini_train.ipynb #69a64c7f
 BACKENDS = ("mini", "areal")
@@ -172,15 +172,7 @@ def _check_numbers(self: MiniRunConfig):
 MiniRunConfig._check_numbers = _check_numbers
 
 # %% ../../nbs/33_mini_train.ipynb #b67f4eeb
-def log_event(run_dir: Path, event: str, **details):
-    "Append one line to `events.log`."
-    line = f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\t{event}\t{json.dumps(details, default=str)}\n"
-    with open(Path(run_dir) / "events.log", "ab+") as f:
-        if f.seek(0, 2):  # after a torn last line, start a new one (readers skip the torn one)
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                line = "\n" + line
-        f.write(line.encode())
+from ..runlog import log_event  # one events.log format for both backends
 
 def read_metrics(run_dir, skipped: Counter | None = None) -> list[dict]:
     "All step records of a run folder (torn, garbage or bad-step lines are skipped, counted in `skipped['bad_line']`)."
