@@ -2,10 +2,11 @@
 # five-setting comparison on the CPU testbed; `make test` runs the test suite (what CI runs): it first makes sure
 # headless Chromium is there for the browser tests (installs it with apt-get, or stops with the command to run).
 # The default study is the chain family (scratchpad responses, 2-4 terms mixed in each batch), where the
-# testbed separates the settings best (README, "Findings"); STUDY='' gives the two-digit addition study.
+# testbed separates the settings best (README, "Findings"), with 3 seeds so that its table has 95% CIs (it ends
+# with the effects paired by seed and the phenomena verdicts); STUDY='' gives the two-digit addition study.
 PYTHON ?= python3
 VENV ?= .venv
-SEEDS ?= 1
+SEEDS ?= 3
 OUT ?= runs
 JOBS ?= 2
 STUDY ?= --family chain --ops +- --difficulty 1 --min-terms 2 --max-terms 4 --lr 2e-4
@@ -33,4 +34,4 @@ test: install chromium
 	PATH=$(abspath $(BIN)):$$PATH SAO_REQUIRE_BROWSER=1 bash scripts/test.sh
 
 bench: install
-	$(BIN)/python -m sao_repro.bench mini
+	$(BIN)/python -m sao_repro.bench mini --family chain

@@ -20,7 +20,7 @@ __all__ = ['BENCHES', 'timeit', 'rl_batch', 'bench_gae', 'main']
 # %% ../nbs/91_bench.ipynb #3818ef7d
 BENCHES: dict[str, str] = {
     "gae": "sao_repro.bench:bench_gae",
-    "mini": "sao_repro.mini.cli:bench_mini",
+    "mini": "sao_repro.mini.bench:main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
     "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal",
@@ -78,10 +78,11 @@ def main(argv:list[str]|None=None) -> int:
     "Run one benchmark by name."
     p = argparse.ArgumentParser(prog="python -m sao_repro.bench", description="Benchmarks: tables of ratios measured side by side.")
     p.add_argument("name", choices=sorted(BENCHES), help="which benchmark to run")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options (`python -m sao_repro.bench mini --help`)")
     a = p.parse_args(argv)
     mod, fn = BENCHES[a.name].split(":")
-    getattr(importlib.import_module(mod), fn)()
-    return 0
+    f = getattr(importlib.import_module(mod), fn)
+    return (f(a.options) if a.name == "mini" else f()) or 0
 
 # %% ../nbs/91_bench.ipynb #d40fa2f7
 if __name__ == "__main__":

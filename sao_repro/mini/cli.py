@@ -25,12 +25,11 @@ from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, 
                                   check_fresh, read_metrics, train_run)
 from ..guards import RunInterrupted
 from ..nbrun import run_notebook
-from ..stats import fmt_ci, mean_ci
+from .summary import format_summary, point_summary, run_windows, study_tables, summarize
 
 # %% auto #0
-__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'run_windows',
-           'summarize', 'format_summary', 'find_run_notebook', 'check_parameters_cell', 'execute_run', 'compare_parser',
-           'compare_main', 'bench_mini']
+__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'find_run_notebook',
+           'check_parameters_cell', 'execute_run', 'compare_parser', 'prebuild_warm_start', 'compare_main']
 
 # %% ../../nbs/34_mini_cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
@@ -202,52 +201,6 @@ def run_main(argv: list[str] | None = None) -> int:
     print(f"run folder: {d}  ({len(ms)} steps)")
     return 0
 
-# %% ../../nbs/34_mini_cli.ipynb #607c3e79
-def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
-    """Start / end window means of `key` in one run (the first and last `window` steps, as the report and
-    `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than 2 x window), and the
-    held-out accuracy at the first evaluation and averaged over the evaluations inside the end window."""
-    all_ms = read_metrics(run_dir)
-    ms = [m for m in all_ms if m.get(key) is not None]
-    if not ms:
-        return {}
-    w = max(1, window)
-    ev = [(m["step"], m["eval/acc"]) for m in all_ms if m.get("eval/acc") is not None]
-    last = ms[-1]["step"]
-    ev_end = [a for s, a in ev if s > last - w] or [a for _, a in ev[-1:]]
-    return {"start": float(np.mean([m[key] for m in ms[:w]])), "end": float(np.mean([m[key] for m in ms[-w:]])),
-            "window": w, "steps": last, "eval_first": ev[0][1] if ev else None,
-            "eval_end": float(np.mean(ev_end)) if ev_end else None}
-
-# %% ../../nbs/34_mini_cli.ipynb #5e54d9cc
-def summarize(out: str, settings: list[str], seeds: list[int], backend: str = "mini", window: int = 50) -> list[dict]:
-    "One row per setting: seeds found, accuracy start -> end (mean, CI), held-out accuracy first -> last."
-    rows = []
-    for s in settings:
-        ws = [run_windows(Path(out) / backend / s / f"seed{k}", window) for k in seeds]
-        ws = [w for w in ws if w]
-        row = {"setting": s, "n_seeds": len(ws)}
-        for part in ("start", "end"):
-            row[f"acc_{part}"], row[f"acc_{part}_ci"], _ = mean_ci([w[part] for w in ws])
-        row["delta"], row["delta_ci"], _ = mean_ci([w["end"] - w["start"] for w in ws])
-        row["eval_first"] = mean_ci([w["eval_first"] for w in ws])[0]
-        row["eval_end"], row["eval_end_ci"], _ = mean_ci([w["eval_end"] for w in ws])
-        row["window"] = min((w["window"] for w in ws), default=None)
-        rows.append(row)
-    return rows
-
-
-def format_summary(rows: list[dict]) -> str:
-    "Markdown table of `summarize` rows."
-    w = rows[0]["window"] if rows else 50
-    out = [f"| setting | seeds | acc start (first {w}) | acc end (last {w}) | end - start | held-out step 1 -> end window |",
-           "|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['acc_start'], r['acc_start_ci'])} | "
-                   f"{fmt_ci(r['acc_end'], r['acc_end_ci'])} | {fmt_ci(r['delta'], r['delta_ci'])} | "
-                   f"{fmt_ci(r['eval_first'], float('nan'))} -> {fmt_ci(r['eval_end'], r['eval_end_ci'])} |")
-    return "\n".join(out)
-
 # %% ../../nbs/34_mini_cli.ipynb #b37195c8
 def find_run_notebook() -> Path:
     "experiments/run_setting.ipynb of this checkout (or of the current directory)."
@@ -323,7 +276,7 @@ def _compare_state(a, ov: dict, setting: str, seed: int) -> str:
     return run_state(Path(a.out) / a.backend / setting / f"seed{seed}", steps)
 
 # %% ../../nbs/34_mini_cli.ipynb #a0949dff
-def _prebuild(a, ov):
+def prebuild_warm_start(a, ov):
     "Build the shared warm start once, before the parallel runs."
     from sao_repro.mini.model import warm_start
     for s in a.settings:
@@ -350,7 +303,7 @@ def compare_main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{s} seed{k}" for s, k in done))
     t0 = time.time()
     if a.backend == "mini" and len(done) < len(jobs):
-        _prebuild(a, ov)
+        prebuild_warm_start(a, ov)
     failed = []
     with ThreadPoolExecutor(max(1, a.jobs)) as ex, tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
         futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite): (s, k)
@@ -363,6 +316,9 @@ def compare_main(argv: list[str] | None = None) -> int:
             bar.update(1)
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
     table = format_summary(rows)
+    if a.backend == "mini":  # effects paired by seed and the phenomena verdicts, as `sao-repro sweep` prints them
+        pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
+        table += "\n\n" + study_tables({"window": a.window, "points": [{"label": "study", **pt}]})
     print(f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under {Path(a.out) / a.backend}\n")
     print(table)
     summ = Path(a.out) / a.backend / "summary.md"
@@ -371,39 +327,3 @@ def compare_main(argv: list[str] | None = None) -> int:
     for s, k, e in failed:
         print(f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr)
     return 1 if failed else 0
-
-# %% ../../nbs/34_mini_cli.ipynb #a3e41747
-def _bench_one(setting: str, steps: int, out: str) -> dict:
-    "Run one setting in this process; wall per step and peak RSS."
-    import resource
-    cfg = MiniRunConfig(setting=setting, steps=steps, out=out, eval_every=10**6, ckpt_every=10**6)
-    t0 = time.perf_counter()
-    d = train_run(cfg, log=None)
-    wall = time.perf_counter() - t0
-    ms = read_metrics(d)
-    return {"setting": setting, "steps": steps, "s_per_step": wall / steps,
-            "train_step_s": float(np.median([m["perf/step_s"] for m in ms])),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-def bench_mini(steps: int = 100, # steps per setting
-               settings: list[str] | None = None):
-    "Print wall time per step and peak RSS per setting, and the implied default-study time."
-    import tempfile
-    from sao_repro.mini.model import warm_start
-    cfg = MiniRunConfig()
-    t0 = time.perf_counter()
-    _, meta = warm_start(cfg.task(), cfg.model(), cfg.pretrain())
-    print(f"warm start: cache {meta['key']} (built in {meta['build_s']} s; loaded in {time.perf_counter() - t0:.1f} s), "
-          f"held-out sampled acc {meta['heldout_sampled_acc']:.3f}")
-    rows = []
-    with tempfile.TemporaryDirectory() as td:
-        for s in settings or list_settings():
-            code = f"import json; from sao_repro.mini.cli import _bench_one; print(json.dumps(_bench_one({s!r}, {steps}, {td!r})))"
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-            rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    print(f"| setting | s/step (wall, {steps} steps) | median train step s | peak RSS MB |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['setting']} | {r['s_per_step']:.4f} | {r['train_step_s']:.4f} | {r['peak_rss_mb']:.0f} |")
-    est = sum(r["s_per_step"] for r in rows) * cfg.steps
-    print(f"train time of the default study (5 settings x 1 seed x {cfg.steps} steps, sequential, no eval): {est:.0f} s")
-    return rows

@@ -22,13 +22,12 @@ import yaml
 from ..settings import list_settings
 from .train import MiniRunConfig
 from ..guards import event_line_ok, load_yaml_bounded, valid_step
-from ..stats import fmt_ci, mean_ci, paired_effect
-from .cli import (_prebuild, check_parameters_cell, execute_run, find_run_notebook, make_config,
-                                run_windows, summarize)
+from ..stats import paired_effect
+from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
+from .summary import format_phenomena, format_results, json_ready, phenomena, point_summary, study_tables
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'SweepConfig', 'load_sweep', 'point_label', 'run_state', 'sweep_jobs', 'sweep_results',
-           'format_results', 'phenomena', 'format_phenomena', 'sweep_parser', 'sweep_main']
+__all__ = ['SweepConfig', 'load_sweep', 'point_label', 'run_state', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
 
 # %% ../../nbs/35_mini_sweep.ipynb #00a19af2
 _RESERVED = ("setting", "seed", "steps", "out", "backend")  # set by the sweep itself, not by base / grid
@@ -122,106 +121,13 @@ def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
                              "run_dir": run_dir, "overrides": {**sc.base, **point}, "state": run_state(run_dir, sc.steps)})
     return jobs
 
-# %% ../../nbs/35_mini_sweep.ipynb #1ac8db4e
-EFFECT_PAIRS = (("DIS", "grpo_dis", "grpo"), ("DIS", "single_dis", "running_mean"), ("critic", "sao", "single_dis"),
-                ("method", "sao", "grpo"))
-
 # %% ../../nbs/35_mini_sweep.ipynb #36744999
-def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
-    "seed -> `part` of the run's windows ('end': online accuracy, 'eval_end': held-out accuracy)."
-    ws = {k: run_windows(root / "mini" / s / f"seed{k}", window) for k in seeds}
-    return {k: w[part] for k, w in ws.items() if w and w.get(part) is not None}
-
-def _heldout_change(root: Path, s: str, seeds, window: int) -> tuple[float, float]:
-    "Held-out accuracy, end window minus the first evaluation: mean and 95% CI over seeds."
-    first, end = _ends(root, s, seeds, window, "eval_first"), _ends(root, s, seeds, window, "eval_end")
-    return mean_ci([end[k] - first[k] for k in sorted(set(first) & set(end))])[:2]
-
 def sweep_results(sc: SweepConfig, out: str) -> dict:
     "Rows per point x setting and paired effects per point (JSON-ready; NaN -> None)."
     base = Path(out).resolve() / "sweeps" / sc.name
-    points = []
-    for point in sc.points():
-        root = base / point_label(point)
-        rows = summarize(str(root), sc.settings, sc.seeds, "mini", sc.window)
-        for r in rows:
-            r["eval_delta"], r["eval_delta_ci"] = _heldout_change(root, r["setting"], sc.seeds, sc.window)
-        effects = []
-        for kind, a, b in EFFECT_PAIRS:
-            if a in sc.settings and b in sc.settings:
-                m, h, n = paired_effect(_ends(root, a, sc.seeds, sc.window), _ends(root, b, sc.seeds, sc.window))
-                em, eh, _ = paired_effect(*(_ends(root, x, sc.seeds, sc.window, "eval_end") for x in (a, b)))
-                effects.append({"kind": kind, "pair": f"{a} - {b}", "mean": m, "ci": h, "n": n, "heldout_mean": em, "heldout_ci": eh})
-        points.append({"label": point_label(point), "point": point, "settings": rows, "effects": effects})
-    return _nan_to_none({"name": sc.name, "steps": sc.steps, "window": sc.window, "seeds": sc.seeds, "points": points})
-
-def _nan_to_none(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    return x
-
-# %% ../../nbs/35_mini_sweep.ipynb #b2e35e6a
-def format_results(res: dict) -> str:
-    "Markdown: end accuracy per point x setting, then the paired effects."
-    w = res["window"]
-    out = [f"### End accuracy (last {w} steps), mean ± 95% CI over seeds", "",
-           "| point | setting | seeds | online acc end | end - start | held-out end |", "|---|---|---|---|---|---|"]
-    for p in res["points"]:
-        for r in p["settings"]:
-            out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_ci(r['acc_end'], r['acc_end_ci'])} | "
-                       f"{fmt_ci(r['delta'], r['delta_ci'])} | {fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))} |")
-    out += ["", "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)", "",
-            "| point | effect | pair | pairs | online | held-out |", "|---|---|---|---|---|---|"]
-    for p in res["points"]:
-        for e in p["effects"]:
-            out.append(f"| {p['label']} | {e['kind']} | {e['pair']} | {e['n']} | {fmt_ci(e['mean'], e['ci'])} | "
-                       f"{fmt_ci(e.get('heldout_mean'), e.get('heldout_ci'))} |")
-    return "\n".join(out)
-
-# %% ../../nbs/35_mini_sweep.ipynb #3f30838d
-def _verdict(x, h) -> str:
-    if x is None or not math.isfinite(x):
-        return "no data"
-    if h is None or not math.isfinite(h):
-        return "one seed"
-    return "reproduced" if x - h > 0 else "opposite" if x + h < 0 else "not resolved"
-
-def phenomena(point: dict) -> list[dict]:
-    "The phenomenon rows of one `sweep_results` point (settings missing from the sweep are skipped)."
-    rows = {r["setting"]: r for r in point["settings"]}
-    eff = {e["pair"]: e for e in point["effects"]}
-    out = []
-    for name, s in (("GRPO collapses", "grpo"), ("running-mean collapses", "running_mean")):
-        if s in rows and rows[s]["n_seeds"]:
-            d, e = rows[s]["delta"], rows[s].get("eval_delta")
-            out.append({"phenomenon": name, "quantity": f"{s}: start - end", "heldout": None if e is None else -e,
-                        "heldout_ci": rows[s].get("eval_delta_ci"), "online": None if d is None else -d, "online_ci": rows[s]["delta_ci"]})
-    for name, pair in (("DIS prevents GRPO collapse", "grpo_dis - grpo"),
-                       ("critic beats the batch baseline at G=1", "sao - single_dis"),
-                       ("single_dis above running_mean", "single_dis - running_mean"),
-                       ("SAO above GRPO", "sao - grpo")):
-        if pair in eff:
-            e = eff[pair]
-            out.append({"phenomenon": name, "quantity": f"{pair}, end", "heldout": e.get("heldout_mean"),
-                        "heldout_ci": e.get("heldout_ci"), "online": e["mean"], "online_ci": e["ci"]})
-    for r in out:
-        r["heldout_verdict"] = "-" if r["heldout"] is None else _verdict(r["heldout"], r["heldout_ci"])
-        r["online_verdict"] = _verdict(r["online"], r["online_ci"])
-    return out
-
-def format_phenomena(res: dict) -> str:
-    "Markdown: one row per point x phenomenon."
-    out = ["### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)", "",
-           "| point | phenomenon | quantity | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|---|"]
-    for p in res["points"]:
-        for r in phenomena(p):
-            out.append(f"| {p['label']} | {r['phenomenon']} | {r['quantity']} | {fmt_ci(r['heldout'], r['heldout_ci'])} | "
-                       f"{r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | {r['online_verdict']} |")
-    return "\n".join(out)
+    points = [{"label": point_label(p), "point": p, **point_summary(base / point_label(p), sc.settings, sc.seeds, sc.window)}
+              for p in sc.points()]
+    return json_ready({"name": sc.name, "steps": sc.steps, "window": sc.window, "seeds": sc.seeds, "points": points})
 
 # %% ../../nbs/35_mini_sweep.ipynb #7cd72589
 def sweep_parser() -> argparse.ArgumentParser:
@@ -266,13 +172,13 @@ def sweep_main(argv: list[str] | None = None) -> int:
           f"{len(jobs) - len(todo)} finished (skipped), {sum(j['state'] == 'partial' for j in todo)} to resume")
     t0 = time.time()
     for point in sc.points():  # build each warm start once, before the parallel runs
-        _prebuild(SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
+        prebuild_warm_start(SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
                   {**sc.base, **point})
     with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
         failed = _run_jobs(nb, sc, todo, a.jobs, bar)
     res = sweep_results(sc, a.out)
     res["failed"] = [{"label": j["label"], "setting": j["setting"], "seed": j["seed"]} for j, _ in failed]
-    table = format_results(res) + "\n\n" + format_phenomena(res)
+    table = study_tables(res)
     root = Path(a.out) / "sweeps" / sc.name
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.md").write_text(f"`sao-repro sweep {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{table}\n")
