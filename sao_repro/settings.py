@@ -14,8 +14,8 @@ from .dis import dis_band, DIS_CONVENTIONS
 from .advantages import list_advantages
 
 # %% auto #0
-__all__ = ['SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'register_setting', 'list_settings', 'get_setting',
-           'setting_color', 'load_setting_yaml', 'setting_yaml']
+__all__ = ['KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'check_knob', 'register_setting',
+           'list_settings', 'get_setting', 'setting_color', 'load_setting_yaml', 'setting_yaml']
 
 # %% ../nbs/15_settings.ipynb #a5826548
 @dataclass(frozen=True)
@@ -47,8 +47,11 @@ class Setting:
         if self.dis_band is not None:
             object.__setattr__(self, "dis_band", tuple(float(x) for x in self.dis_band))
             dis_band(*self.dis_band, convention=self.dis_convention)  # validates
-        if not (self.policy_lambda == "adaptive" or 0.0 < float(self.policy_lambda) <= 1.0):
-            raise ValueError(f"setting {self.name!r}: policy_lambda must be in (0, 1] or 'adaptive', got {self.policy_lambda!r}")
+        for k in KNOB_CHECKS:
+            try:
+                object.__setattr__(self, k, check_knob(k, getattr(self, k)))
+            except ValueError as e:
+                raise ValueError(f"setting {self.name!r}: {e}") from None
 
     @property
     def band(self) -> tuple[float, float]|None:
@@ -67,6 +70,53 @@ class Setting:
         d = asdict(self)
         d["dis_band"] = None if self.dis_band is None else list(self.dis_band)
         return d
+
+# %% ../nbs/15_settings.ipynb #0308afa6
+def _positive_int(v) -> int:
+    if isinstance(v, bool) or int(v) != v or v < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(v)
+
+def _count(v) -> int:
+    if isinstance(v, bool) or int(v) != v or v < 0:
+        raise ValueError("must be a whole number >= 0")
+    return int(v)
+
+def _unit(v) -> float:
+    x = float(v)
+    if not 0.0 < x <= 1.0:
+        raise ValueError("must be in (0, 1]")
+    return x
+
+def _lambda(v) -> float|str:
+    if v == "adaptive":
+        return v
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("use a number in (0, 1] or 'adaptive'") from None
+    if not 0.0 < x <= 1.0:
+        raise ValueError("must be in (0, 1] (or 'adaptive')")
+    return x
+
+def _positive(v) -> float:
+    x = float(v)
+    if not x > 0.0:
+        raise ValueError("must be > 0")
+    return x
+
+KNOB_CHECKS = {"critic_k": _positive_int, "warmup_steps": _count, "policy_lambda": _lambda,
+               "lambda_alpha": _positive, "critic_lambda": _unit, "gamma": _unit}
+
+def check_knob(field:str, # a Setting field among KNOB_CHECKS
+               value, # the value to check
+               key:str|None=None, # the name the user wrote (default: `field`), used in the message
+              ):
+    "`value` checked (and normalised: whole numbers, floats, 'adaptive') for Setting field `field`; a bad value raises naming `key`."
+    try:
+        return KNOB_CHECKS[field](value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{key or field}={value!r}: {e}") from None
 
 # %% ../nbs/15_settings.ipynb #d5046240
 SETTINGS: dict[str, Setting] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
-from ..settings import get_setting, list_settings
+from ..settings import check_knob, get_setting, list_settings
 from ..guards import check_interpolations, load_yaml_bounded
 from ..runconfig import RewardConfig
 from .algo import areal_actor_keys
@@ -32,7 +32,7 @@ logger = logging.getLogger("sao_repro.areal")
 @dataclass
 class SAOSection:
     "SAO-only knobs: the `sao:` section of a cluster config."
-    setting: str = field(default="sao", metadata={"help": "registered setting this run realises", "choices": ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]})
+    setting: str = field(default="sao", metadata={"help": "registered setting this run realises", "choices": list_settings()})
     trajectories_per_step: int = field(default=512, metadata={"help": "trajectories per training step: train_dataset.batch_size x gconfig.n_samples"})
     critic_k: int = field(default=2, metadata={"help": "critic update passes per training step"})
     warmup_steps: int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
@@ -50,17 +50,8 @@ class SAOSection:
     def __post_init__(self):
         if self.setting not in list_settings():
             raise ValueError(f"sao.setting={self.setting!r} is not a registered setting; use one of {', '.join(list_settings())}")
-        if self.policy_lambda != "adaptive":
-            try:
-                lam = float(self.policy_lambda)
-            except ValueError:
-                raise ValueError(f"sao.policy_lambda={self.policy_lambda!r}: use a number in (0, 1] or 'adaptive'") from None
-            if not 0.0 < lam <= 1.0:
-                raise ValueError(f"sao.policy_lambda={lam}: must be in (0, 1] (or 'adaptive')")
-        if self.critic_k < 1:
-            raise ValueError(f"sao.critic_k={self.critic_k}: need at least one critic pass per step")
-        if self.warmup_steps < 0:
-            raise ValueError(f"sao.warmup_steps={self.warmup_steps}: must be >= 0")
+        for k in ("critic_k", "warmup_steps", "policy_lambda", "lambda_alpha", "critic_lambda"):  # the setting's own checks
+            check_knob(k, getattr(self, k), f"sao.{k}")
         if self.running_mean_mode not in ("exact", "ema"):
             raise ValueError(f"sao.running_mean_mode={self.running_mean_mode!r}: use 'exact' or 'ema'")
 

@@ -13,7 +13,7 @@ from fastcore.basics import patch
 
 from ..guards import check_number
 from ..loss import POLICY_FORMS
-from ..settings import Setting, get_setting, list_settings
+from ..settings import Setting, check_knob, get_setting, list_settings
 from .model import ModelConfig, PretrainConfig
 from .rollout import RolloutConfig
 from .task import TaskConfig, chain_prompt_len, max_answer_len, task_tokenizer
@@ -84,21 +84,15 @@ class MiniRunConfig:
         "Checks of the optional knobs (minibatches, critic overrides, policy_lambda)."
         if not 1 <= self.minibatches <= self.traj_per_step:
             raise ValueError(f"minibatches={self.minibatches} must be between 1 and traj_per_step={self.traj_per_step}")
-        for name, lo in (("critic_warmup", 0), ("critic_k", 1), ("critic_width", 1)):
-            v = getattr(self, name)
-            if v is not None and int(v) < lo:
-                raise ValueError(f"{name}={v} must be >= {lo} (or None for the setting's value)")
+        for name, knob in (("critic_warmup", "warmup_steps"), ("critic_k", "critic_k"), ("policy_lambda", "policy_lambda")):
+            if getattr(self, name) is not None:  # None: the setting's value
+                setattr(self, name, check_knob(knob, getattr(self, name), name))
+        if self.critic_width is not None and int(self.critic_width) < 1:
+            raise ValueError(f"critic_width={self.critic_width} must be >= 1 (or None for the policy's width)")
         if self.critic_width is not None and self.critic_width % self.model().n_heads:
             raise ValueError(f"critic_width={self.critic_width} must be a multiple of n_heads={self.model().n_heads}")
-        if isinstance(self.policy_lambda, str) and self.policy_lambda != "adaptive":
-            try:
-                self.policy_lambda = float(self.policy_lambda)
-            except ValueError:
-                raise ValueError(f"policy_lambda={self.policy_lambda!r}: use a float in (0, 1] or 'adaptive'") from None
         if self.dis_form not in POLICY_FORMS:
             raise ValueError(f"dis_form={self.dis_form!r}: use one of {', '.join(POLICY_FORMS)}")
-        if self.policy_lambda not in (None, "adaptive") and not 0.0 < float(self.policy_lambda) <= 1.0:
-            raise ValueError(f"policy_lambda={self.policy_lambda!r} must be in (0, 1] or 'adaptive'")
 
     def effective_setting(self) -> Setting:
         "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda) applied."
