@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import torch
 from torch import nn
+from fastcore.basics import patch
 from .core import check_shape, check_mask, masked_mean, masked_var
 from .loss import value_loss
 
@@ -78,12 +79,13 @@ class CriticTrainer:
         return self
 
 # %% ../nbs/14_critic.ipynb #b6c65979
-def _critic_update(self:CriticTrainer,
-                   tokens:torch.Tensor, # [B, T] token ids
-                   loss_mask:torch.Tensor, # [B, T] bool
-                   returns:torch.Tensor, # [B, T] targets
-                   old_values:torch.Tensor|None=None, # [B, T] values at collection time (computed if None)
-                   **model_kwargs) -> dict[str, float]:
+@patch
+def update(self:CriticTrainer,
+           tokens:torch.Tensor, # [B, T] token ids
+           loss_mask:torch.Tensor, # [B, T] bool
+           returns:torch.Tensor, # [B, T] targets
+           old_values:torch.Tensor|None=None, # [B, T] values at collection time (computed if None)
+           **model_kwargs) -> dict[str, float]:
     "Run `k_passes` x `n_minibatches` optimizer steps; return `critic/` metrics."
     check_shape("returns", returns, tuple(tokens.shape[:2]))
     check_mask("loss_mask", loss_mask, returns)
@@ -104,5 +106,3 @@ def _critic_update(self:CriticTrainer,
             losses.append(float(loss.detach()))
     return {"critic/value_loss": sum(losses) / len(losses), "critic/explained_var": ev,
             "critic/grad_norm": sum(norms) / len(norms)}
-
-CriticTrainer.update = _critic_update

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from dataclasses import field
 
-from .data import gold_from_answer
+from .math_answer import gold_from_answer
 from .guards import check_timeout
 from .reward_check import MAX_ANSWER_CHARS  # noqa: F401 -- re-exported: the reward API in one place
 from .reward_check import WARMUP_CASES  # noqa: F401

@@ -12,8 +12,8 @@ import functools
 import logging
 import time
 
-from .data import gold_from_answer
-from .data import last_boxed
+from .math_answer import gold_from_answer
+from .math_answer import last_boxed
 
 # %% ../nbs/21_reward_check.ipynb #922a7a59
 MAX_ANSWER_CHARS = 1000  # a boxed answer longer than this scores 0

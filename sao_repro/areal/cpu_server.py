@@ -19,6 +19,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
+from fastcore.basics import patch
 
 # %% ../../nbs/48_areal_cpu_server.ipynb #5ec26925
 class CPUGenerator:
@@ -74,13 +75,14 @@ def sample_token(
     return tok, float(logp[tok])
 
 # %% ../../nbs/48_areal_cpu_server.ipynb #9fa992c0
+@patch
 @torch.inference_mode()
-def _generate(self:CPUGenerator,
-              prompt:list[int], # token ids
-              max_tokens:int, # new tokens at most
-              temperature:float=1.0, top_p:float=1.0, top_k:int=-1,
-              stop_token_ids:list[int]|None=None, # extra stop tokens
-              ignore_eos:bool=False,
+def generate(self:CPUGenerator,
+             prompt:list[int], # token ids
+             max_tokens:int, # new tokens at most
+             temperature:float=1.0, top_p:float=1.0, top_k:int=-1,
+             stop_token_ids:list[int]|None=None, # extra stop tokens
+             ignore_eos:bool=False,
              ) -> dict:
     "Sample up to `max_tokens` tokens after `prompt` with a KV cache: tokens, log-probs and the finish reason."
     self.running.wait()  # paused: wait for /areal_continue_generation
@@ -109,8 +111,6 @@ def _generate(self:CPUGenerator,
                 break
             ids = torch.tensor([[tok]], dtype=torch.long)
     return {"tokens": tokens, "logprobs": logps, "finish_reason": reason}
-
-CPUGenerator.generate = _generate
 
 # %% ../../nbs/48_areal_cpu_server.ipynb #29175f4d
 def completion_response(r:dict) -> dict:

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..settings import get_setting, list_settings
 from ..runconfig import repo_dir
 from ..launch import CPU_RAY_HEAD, areal_cpu_requirements, missing_requirements, ray_running, setting_config
+from .tiny import tiny_assets
 from .train import PARENT_ENV
 
 # %% ../../nbs/49_areal_rehearse.ipynb #baf7b500
@@ -261,7 +262,6 @@ def rehearse_main(argv:list[str]|None=None) -> int:
     p = rehearse_parser()
     a = p.parse_args(argv)
     _validate(a, p)
-    from sao_repro.areal.tiny import tiny_assets
     settings = list_settings() if a.setting == "all" else [a.setting]
     runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.sample_dtype) for s in settings]
     try:
@@ -313,7 +313,6 @@ def phase_seconds(run_dir:str|Path) -> tuple[int, dict]:
 def bench_rehearsal(steps:int=3, settings:list[str]|None=None, scheduler:str="spmd"):
     "Print the rehearsal's per-phase seconds per step, fixed cost and peak RSS per setting; returns the rows."
     import tempfile
-    from sao_repro.areal.tiny import tiny_assets
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import sao_repro.areal.trainer, sao_repro.areal.train"], check=True)
     import_s = time.time() - t0

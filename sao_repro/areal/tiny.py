@@ -18,6 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..data import prepare_math
+from ..math_answer import gold_from_answer
+
 # %% ../../nbs/47_areal_tiny.ipynb #6868ec8d
 TINY_SPEC = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 320,
              "max_positions": 512, "n_train": 256, "n_test": 32, "seed": 0, "version": 1}
@@ -60,7 +63,6 @@ def digit_credit(
 
 def digit_credit_reward_fn(prompt, completions, prompt_ids, completion_ids, **row) -> float:
     "AReaL RLVR reward for rehearsals: `digit_credit` of the completion against the row's `#### answer`."
-    from sao_repro.data import gold_from_answer
     if isinstance(completions, (list, tuple)):
         completions = completions[0] if completions else ""
     return digit_credit(completions, gold_from_answer(row.get("answer")) or "")
@@ -84,7 +86,6 @@ def build_tiny(out:Path, spec:dict):
     "Write the toy data (through `prepare_math`), the tokenizer and the random-init model into `out`."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from sao_repro.data import prepare_math
     raw = Path(out) / "math_raw"
     raw.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", spec["n_train"]), ("test", spec["n_test"])):

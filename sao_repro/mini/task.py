@@ -107,7 +107,7 @@ def eval_problems(cfg: TaskConfig, seed: int = 0) -> list[dict]:
     return sample_problems(cfg, cfg.n_eval, "heldout", np.random.default_rng([seed, 1234]))
 
 # %% ../../nbs/30_mini_task.ipynb #e5e832fc
-from ..data import last_boxed  # the same extractor as the MATH data and the cluster reward
+from ..math_answer import last_boxed  # the same extractor as the MATH data and the cluster reward
 
 # %% ../../nbs/30_mini_task.ipynb #511f1165
 def _norm(ans: str) -> str:
