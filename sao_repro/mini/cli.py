@@ -25,6 +25,7 @@ from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, 
                                   check_fresh, read_metrics, train_run)
 from ..guards import RunInterrupted
 from ..nbrun import run_notebook
+from .runfolder import run_state
 from .summary import format_summary, point_summary, run_windows, study_tables, summarize
 
 # %% auto #0
@@ -266,7 +267,6 @@ def _check_counts(p: argparse.ArgumentParser, a):
 # %% ../../nbs/37_mini_cli.ipynb #ed10bf22
 def _compare_state(a, ov: dict, setting: str, seed: int) -> str:
     "'done' (skip), 'partial' (resume) or 'new' for one compare run ('new' for all with --overwrite or the cluster)."
-    from sao_repro.mini.sweep import run_state
     if a.overwrite or a.backend != "mini":
         return "new"
     try:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from ..guards import event_line_ok, parse_record, repair_lines, write_atomic
+from ..guards import event_line_ok, parse_record, repair_lines, valid_step, write_atomic
 from ..runlog import log_event  # one events.log format for both backends
 from .config import MiniRunConfig
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run',
+__all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
            'RunExistsError', 'ConfigChangeError', 'check_fresh', 'config_changes', 'readable_checkpoint', 'repair_logs']
 
 # %% ../../nbs/34_mini_runfolder.ipynb #7f1a87af
@@ -57,6 +57,17 @@ def clear_run(run_dir: Path):
     for name in ("metrics.jsonl", "events.log", "config.json"):
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+
+def run_state(run_dir, steps: int) -> str:
+    "'done', 'partial' (resume it) or 'new'."
+    p = Path(run_dir) / "events.log"
+    if not p.exists():
+        return "new"
+    for line in p.read_bytes().splitlines():
+        parts = line.split(b"\t")
+        if event_line_ok(line) and parts[1] == b"finish" and (valid_step(json.loads(parts[2]).get("step")) or 0) >= steps:
+            return "done"
+    return "partial"
 
 # %% ../../nbs/34_mini_runfolder.ipynb #bcaca509
 class RunExistsError(FileExistsError):

@@ -21,13 +21,14 @@ import yaml
 
 from ..settings import list_settings
 from .train import MiniRunConfig
-from ..guards import event_line_ok, load_yaml_bounded, valid_step
+from ..guards import load_yaml_bounded
 from ..stats import paired_effect
+from .runfolder import run_state
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
 from .summary import format_phenomena, format_results, json_ready, phenomena, point_summary, study_tables
 
 # %% auto #0
-__all__ = ['SweepConfig', 'load_sweep', 'point_label', 'run_state', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
+__all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
 
 # %% ../../nbs/38_mini_sweep.ipynb #00a19af2
 _RESERVED = ("setting", "seed", "steps", "out", "backend")  # set by the sweep itself, not by base / grid
@@ -97,17 +98,6 @@ def point_label(point: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items()).replace("/", "_") or "base"
 
 # %% ../../nbs/38_mini_sweep.ipynb #ee39b43a
-def run_state(run_dir, steps: int) -> str:
-    "'done', 'partial' (resume it) or 'new'."
-    p = Path(run_dir) / "events.log"
-    if not p.exists():
-        return "new"
-    for line in p.read_bytes().splitlines():
-        parts = line.split(b"\t")
-        if event_line_ok(line) and parts[1] == b"finish" and (valid_step(json.loads(parts[2]).get("step")) or 0) >= steps:
-            return "done"
-    return "partial"
-
 def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
     "One job per point x setting x seed: its folders, overrides and state."
     root = Path(out).resolve() / "sweeps" / sc.name
