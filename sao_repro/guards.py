@@ -22,7 +22,8 @@ import yaml
 # %% auto #0
 __all__ = ['MAX_STEP', 'MAX_CONFIG_BYTES', 'MAX_ALIASES', 'MAX_INTERP_CHARS', 'MAX_INTERP_DEPTH', 'check_number', 'check_timeout',
            'valid_step', 'parse_record', 'write_atomic', 'repair_lines', 'event_line_ok', 'load_yaml_bounded',
-           'check_interpolations', 'md_text', 'md_code', 'html_id', 'RunInterrupted', 'GracefulStop', 'replace_dir']
+           'check_interpolations', 'md_text', 'md_code', 'html_id', 'RunInterrupted', 'GracefulStop',
+           'serve_until_interrupted', 'replace_dir']
 
 # %% ../nbs/02_guards.ipynb #527a9c89
 def check_number(name:str, # option name, as the user writes it
@@ -234,6 +235,16 @@ class GracefulStop:
     def __exit__(self, *exc):
         for sig, h in self._old.items():
             signal.signal(sig, h)
+
+def serve_until_interrupted(srv) -> int:
+    "Serve `srv` (a `socketserver` server) until Ctrl-C, then close its socket; returns the exit code 0."
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+    return 0
 
 # %% ../nbs/02_guards.ipynb #714afcaf
 def _exchange(a:Path, b:Path) -> bool:

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from fastcore.basics import patch
 from .monitor_data import MonitorState, jsonable
 from .monitor_page import CHARTS, CSS, JS, PAGE, SMOOTH_STEPS, STATIC, render_page
+from .guards import serve_until_interrupted
 
 # %% auto #0
 __all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'IDLE_TIMEOUT_S',
@@ -295,10 +296,4 @@ def monitor_main(argv:list[str]|None=None) -> int:
     if not logs.exists():
         print(f"sao-repro monitor: {logs} does not exist yet; runs will appear when it does", file=sys.stderr)
     print(f"sao-repro monitor: watching {logs.resolve()} at {srv.url}", flush=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.server_close()
-    return 0
+    return serve_until_interrupted(srv)

@@ -20,6 +20,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
+from ..guards import serve_until_interrupted
 
 # %% ../../nbs/48_areal_cpu_server.ipynb #5ec26925
 class CPUGenerator:
@@ -256,13 +257,7 @@ def cpu_server_main(argv:list[str]|None=None) -> int:
         print(f"sao-repro cpu-server: {e}", file=sys.stderr)
         return 2
     print(f"sao-repro cpu-server: serving {a.model} on http://{a.host}:{srv.server_address[1]}", flush=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.server_close()
-    return 0
+    return serve_until_interrupted(srv)
 
 # %% ../../nbs/48_areal_cpu_server.ipynb #dd216d9f
 if __name__ == "__main__":
