@@ -108,14 +108,21 @@ def bench_steps(family:str="chain", # task family whose study options are timed
                 warm:int=5,
                 baseline:str|None=None, # folder holding another version's `sao_repro` (see `checkout`)
                 extra:dict|None=None, # run options added to the family's (e.g. a smoke preset in tests)
+                rounds:int=3, # fresh processes per setting and version, alternating; the median is reported
                ) -> list[dict]:
     "Median s/step of each setting, its floor, and the baseline's s/step measured alternately; prints a table."
     rows = []
     for s in settings or list_settings():
         args = [json.dumps({**STUDY_OPTIONS[family], **(extra or {}), "setting": s}), steps, warm]
-        r = {"setting": s, **_probe(_STEP_PROBE, args)}
+        mine, base = [], []
+        for _ in range(rounds):
+            mine.append(_probe(_STEP_PROBE, args))
+            if baseline:
+                base.append(_probe(_STEP_PROBE, args, baseline)["step_s"])
+        r = {"setting": s, "step_s": statistics.median(m["step_s"] for m in mine),
+             "floor_s": statistics.median(m["floor_s"] for m in mine)}
         if baseline:
-            r["base_step_s"] = _probe(_STEP_PROBE, args, baseline)["step_s"]
+            r["base_step_s"] = statistics.median(base)
         rows.append(r)
         print(f"  {s}: {r['step_s']:.3f} s/step" + (f" (baseline {r['base_step_s']:.3f})" if baseline else ""), flush=True)
     head = ["setting", "s/step", "floor s (one f+b)", "s/step / floor"] + (["baseline s/step", "speedup"] if baseline else [])
@@ -123,15 +130,20 @@ def bench_steps(family:str="chain", # task family whose study options are timed
                             + ([r["base_step_s"], r["base_step_s"] / r["step_s"]] if baseline else []) for r in rows]))
     return rows
 
-def bench_warm_start(family:str="chain", steps:int=100, baseline:str|None=None) -> list[dict]:
+def bench_warm_start(family:str="chain", steps:int=100, baseline:str|None=None, rounds:int=3) -> list[dict]:
     "s per warm-start step, idle and beside a busy process, for this code (and the baseline); prints a table."
     rows = []
     args = [json.dumps(STUDY_OPTIONS[family]), steps]
     for cond in ("idle", "beside a busy process"):
+        mine, base = [], []
         with (_Busy() if cond != "idle" else open(os.devnull)):
-            r = {"condition": cond, **_probe(_WARM_PROBE, args)}
-            if baseline:
-                r["base_step_s"] = _probe(_WARM_PROBE, args, baseline)["step_s"]
+            for _ in range(rounds):
+                mine.append(_probe(_WARM_PROBE, args))
+                if baseline:
+                    base.append(_probe(_WARM_PROBE, args, baseline)["step_s"])
+        r = {"condition": cond, "step_s": statistics.median(m["step_s"] for m in mine), "full_steps": mine[0]["full_steps"]}
+        if baseline:
+            r["base_step_s"] = statistics.median(base)
         rows.append(r)
     full = rows[0]["full_steps"]
     head = ["warm start", "s/step", f"build ({full} steps) s"] + (["baseline s/step", "baseline build s", "speedup"] if baseline else [])
@@ -150,21 +162,22 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="timed training steps per setting (default 30)")
     p.add_argument("--warm-steps", type=int, default=100, help="timed warm-start steps (default 100; 0 skips the warm start)")
     p.add_argument("--baseline", default=None, metavar="REF", help="a commit to measure beside this code, e.g. ed3e5a3")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per setting and version, alternating; medians (default 3)")
     return p
 
 def main(argv:list[str]|None=None) -> int:
     "`python -m sao_repro.bench mini [...]`."
     a = bench_parser().parse_args(argv)
-    if a.steps < 1 or a.warm_steps < 0:
-        raise SystemExit("--steps must be >= 1 and --warm-steps >= 0")
+    if a.steps < 1 or a.warm_steps < 0 or a.rounds < 1:
+        raise SystemExit("--steps and --rounds must be >= 1 and --warm-steps >= 0")
     t0 = time.time()
     with tempfile.TemporaryDirectory() as td:
         base = str(checkout(a.baseline, Path(td))) if a.baseline else None
         print(f"python -m sao_repro.bench mini --family {a.family}" + (f" --baseline {a.baseline}" if a.baseline else "")
               + f"; one torch thread per process, {os.cpu_count()} cores", flush=True)
-        bench_steps(a.family, a.settings, a.steps, baseline=base)
+        bench_steps(a.family, a.settings, a.steps, baseline=base, rounds=a.rounds)
         if a.warm_steps:
             print()
-            bench_warm_start(a.family, a.warm_steps, baseline=base)
+            bench_warm_start(a.family, a.warm_steps, baseline=base, rounds=a.rounds)
     print(f"\n({time.time() - t0:.0f} s)")
     return 0

@@ -16,7 +16,7 @@ from ..stats import fmt_ci, mean_ci, paired_effect
 
 # %% auto #0
 __all__ = ['EFFECT_PAIRS', 'run_windows', 'summarize', 'format_summary', 'point_summary', 'json_ready', 'format_results',
-           'phenomena', 'format_phenomena', 'study_tables']
+           'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'study_tables']
 
 # %% ../../nbs/36_mini_summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
@@ -164,7 +164,35 @@ def format_phenomena(res: dict) -> str:
                        f"{r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | {r['online_verdict']} |")
     return "\n".join(out)
 
+# %% ../../nbs/36_mini_summary.ipynb #f7eb349d
+def forms_side_by_side(res: dict) -> list[dict]:
+    "One row per (other options, phenomenon) of a sweep with a `dis_form` grid: held-out value and verdict per form."
+    rows = {}
+    for p in res["points"]:
+        form = p.get("point", {}).get("dis_form")
+        if form is None:
+            continue
+        rest = ",".join(f"{k}={v}" for k, v in p["point"].items() if k != "dis_form") or "base"
+        for r in phenomena(p):
+            row = rows.setdefault((rest, r["phenomenon"]), {"point": rest, "phenomenon": r["phenomenon"], "quantity": r["quantity"]})
+            row[form] = fmt_ci(r["heldout"], r["heldout_ci"]) if r["heldout"] is not None else fmt_ci(r["online"], r["online_ci"])
+            row[f"{form} verdict"] = r["heldout_verdict"] if r["heldout"] is not None else r["online_verdict"] + " (online)"
+    return list(rows.values())
+
+def format_forms(res: dict) -> str:
+    "Markdown of `forms_side_by_side` (empty when the sweep does not vary `dis_form`)."
+    rows = forms_side_by_side(res)
+    if not rows:
+        return ""
+    out = ["### The DIS loss forms side by side (held-out; verdict: 95% CI above 0 = reproduced)", "",
+           "| point | phenomenon | direct | verdict | decoupled | verdict |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['point']} | {r['phenomenon']} | {r.get('direct', '-')} | {r.get('direct verdict', '-')} | "
+                   f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |")
+    return "\n".join(out)
+
 # %% ../../nbs/36_mini_summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
     "The end-accuracy, paired-effect and phenomena tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
-    return format_results(res) + "\n\n" + format_phenomena(res)
+    forms = format_forms(res)
+    return format_results(res) + "\n\n" + format_phenomena(res) + ("\n\n" + forms if forms else "")
