@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
+from tqdm.auto import tqdm
 
 from ..settings import list_settings
 from .train import MiniRunConfig
@@ -147,7 +148,6 @@ def _run_jobs(nb: Path, sc: SweepConfig, todo: list[dict], n_jobs: int, bar) -> 
 # %% ../../nbs/38_mini_sweep.ipynb #66b0d04c
 def sweep_main(argv: list[str] | None = None) -> int:
     "`sao-repro sweep CONFIG`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad CONFIG."
-    from tqdm.auto import tqdm
     a = sweep_parser().parse_args(argv)
     try:
         sc = load_sweep(a.config)
