@@ -8,10 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini_cli.html.md"""
 from __future__ import annotations
 import argparse
 import json
-import math
-import os
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed

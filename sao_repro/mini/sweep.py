@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
