@@ -7,6 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini_bench.html.md"""
 # %% ../../nbs/39_mini_bench.ipynb #9f493895
 from __future__ import annotations
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -136,7 +137,7 @@ def bench_warm_start(family:str="chain", steps:int=100, baseline:str|None=None, 
     args = [json.dumps(STUDY_OPTIONS[family]), steps]
     for cond in ("idle", "beside a busy process"):
         mine, base = [], []
-        with (_Busy() if cond != "idle" else open(os.devnull)):
+        with (_Busy() if cond != "idle" else contextlib.nullcontext()):
             for _ in range(rounds):
                 mine.append(_probe(_WARM_PROBE, args))
                 if baseline:
