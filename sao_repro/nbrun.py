@@ -30,7 +30,7 @@ def kernel_transport(folder) -> dict:
     return {"transport": "ipc", "ip": str(Path(folder)/"kernel")}
 
 def kernel_manager_class(folder):
-    "An AsyncKernelManager whose kernels use `kernel_transport(folder)`."
+    "An AsyncKernelManager whose kernels use `kernel_transport(folder)` and keep their own log to critical errors."
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
     conf = kernel_transport(folder)
@@ -41,6 +41,8 @@ def kernel_manager_class(folder):
         @default("ip")
         def _ip_default(self):
             return conf.get("ip", "127.0.0.1")
+        def format_kernel_cmd(self, extra_arguments=None):
+            return super().format_kernel_cmd([*(extra_arguments or []), "--IPKernelApp.log_level=CRITICAL"])
     return LocalKernelManager
 
 def run_notebook(notebook, # the notebook to execute

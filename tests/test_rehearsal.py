@@ -181,6 +181,66 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
     assert "resume" in events(d)
 
 
+DIE_IN_SAVE = """
+import importlib.abc, importlib.machinery, os, signal, sys
+from pathlib import Path
+
+def _patch(mod):  # the critic's n-th recover save is torn (files cut in half), then the trainer dies as under kill -9
+    orig, calls = mod.RecoverHandler._save_checkpoint, []
+    def save(self, engine, name="default", **kw):
+        orig(self, engine, name=name, **kw)
+        if name == "critic":
+            calls.append(1)
+            if len(calls) == int(os.environ["SAO_TEST_DIE_IN_SAVE"]):
+                c = self.config
+                for f in Path(mod.Saver.get_recover_checkpoint_path(c.experiment_name, c.trial_name, c.fileroot, name=name)).rglob("*"):
+                    if f.is_file():
+                        os.truncate(f, f.stat().st_size // 2)
+                os.kill(os.getpid(), signal.SIGKILL)
+    mod.RecoverHandler._save_checkpoint = save
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "areal.utils.recover":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            _patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("SAO_TEST_DIE_IN_SAVE"):
+    sys.meta_path.insert(0, _Hook())
+"""
+
+
+@needs_areal
+@pytest.mark.slow
+def test_kill_while_a_recover_checkpoint_is_written_resumes_from_the_one_before(tmp_path):
+    """sao: the trainer dies while step 2's critic checkpoint is half written; the resume restores step 1's recover
+    state, loads the critic from it too (reading the torn files would fail) and redoes steps 2..3."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(DIE_IN_SAVE)
+    out = tmp_path / "r"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "SAO_TEST_DIE_IN_SAVE": "2"}
+    p = cli("--setting", "sao", "--steps", "3", "--out", str(out), env=env, timeout=900)
+    d = run_dir(out, "sao")
+    assert p.returncode != 0 and [r["step"] for r in rows(d)] == [1, 2], p.stderr[-3000:]
+    p = cli("--setting", "sao", "--steps", "3", "--out", str(out), "--resume", timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert [r["step"] for r in rows(d)] == [1, 2, 3]
+    ev = events(d)
+    assert "recover_restored" in ev and ev.index("recover_restored") < ev.index("resume") and ev[-1] == "finish"
+    resume = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "resume"]
+    assert resume == [{"step": 1, "dropped_lines": 1, "critic_restored": True}]  # AReaL alone reloads only the actor
+    assert not [p for p in out.rglob("*") if p.suffix in (".prev", ".old")]
+
+
 # ---------------------------------------------------------------- AReaL's single controller: local and Ray schedulers
 
 @needs_areal

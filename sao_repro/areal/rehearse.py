@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 import urllib.request
@@ -159,6 +160,13 @@ def _rss_mb(proc:subprocess.Popen) -> float:
     except psutil.Error:
         return 0.0
 
+def _kill_group(proc:subprocess.Popen):
+    "SIGKILL what is left of a finished process's group (it was started in a session of its own)."
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
 def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True) -> dict:
     "Start the server (spmd), run the trainer to the end, stop both; returns a summary record."
     from tqdm.auto import tqdm
@@ -178,15 +186,25 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True) -> 
                 except RehearsalError:
                     _stop(trainer)
                     raise
-            for line in trainer.stdout:
-                log.write(line)
-                m = STEP_RE.search(line)
-                if m:
-                    log.flush()
-                    peak = max(peak, _rss_mb(trainer))
-                    bar.n = int(m.group(1))
-                    bar.refresh()
+            def pump():  # the trainer's output into main.log, its steps onto the bar
+                nonlocal peak
+                try:
+                    for line in trainer.stdout:
+                        log.write(line)
+                        m = STEP_RE.search(line)
+                        if m:
+                            log.flush()
+                            peak = max(peak, _rss_mb(trainer))
+                            bar.n = int(m.group(1))
+                            bar.refresh()
+                except ValueError:  # main.log closed under it: we were interrupted
+                    pass
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
             rc = trainer.wait()
+            reader.join(5.0)
+            _kill_group(trainer)  # processes it forked that outlived it (killed mid-run) would hold its output open
+            reader.join(5.0)
     finally:
         _stop(trainer)
         _stop(server)

@@ -102,6 +102,14 @@ def _start_run(cfg, run_dir:str):
         if eng is not None and "flash" not in str(eng.attn_impl):
             log_event(run_dir, "one_sequence_per_microbatch", role=role, attn_impl=eng.attn_impl, n_mbs=eng.mb_spec.n_mbs)
 
+def _restore_recover(cfg, run_dir:str):
+    "Rank 0, before AReaL looks for its recover info: a recover checkpoint cut short gives way to the one before it."
+    if cfg.recover.mode in ("disabled", "off"):
+        return
+    from sao_repro.areal.trainer import recover_dirs, restore_recover
+    if restore_recover(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
+        log_event(run_dir, "recover_restored", note="the last recover checkpoint was cut short; resuming from the one before it")
+
 def train(cfg) -> int:
     "Run AReaL 1.0.4 training for a loaded `SAOConfig` (GPUs and vLLM / SGLang, or the CPU rehearsal)."
     from areal.utils.hf_utils import load_hf_tokenizer
@@ -110,6 +118,7 @@ def train(cfg) -> int:
     if os.getenv("RANK", "0") == "0":
         clear_trial_records(cfg)
         _start_run(cfg, run_dir)
+        _restore_recover(cfg, run_dir)
     else:
         from areal.utils import name_resolve
         name_resolve.reconfigure(cfg.cluster.name_resolve)
