@@ -7,7 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/stats.html.md"""
 # %% ../nbs/06_stats.ipynb #377bad03
 from __future__ import annotations
 import math
-from scipy.stats import t as student_t
+
 
 # %% auto #0
 __all__ = ['mean_ci', 'fmt_ci', 'paired_effect']
@@ -25,6 +25,7 @@ def mean_ci(xs, # values, one per seed (None / NaN are dropped)
     if n == 1:
         return m, float("nan"), 1
     sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
+    from scipy.stats import t as student_t  # here: scipy.stats takes 1.5 s to import, and every run imports this module
     return m, float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n), n
 
 # %% ../nbs/06_stats.ipynb #5db511fc
