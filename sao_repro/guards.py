@@ -23,7 +23,7 @@ import yaml
 __all__ = ['MAX_STEP', 'MAX_CONFIG_BYTES', 'MAX_ALIASES', 'MAX_INTERP_CHARS', 'MAX_INTERP_DEPTH', 'check_number', 'check_timeout',
            'valid_step', 'parse_record', 'write_atomic', 'repair_lines', 'event_line_ok', 'load_yaml_bounded',
            'check_interpolations', 'md_text', 'md_code', 'html_id', 'RunInterrupted', 'GracefulStop',
-           'serve_until_interrupted', 'replace_dir']
+           'serve_until_interrupted', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs']
 
 # %% ../nbs/02_guards.ipynb #527a9c89
 def check_number(name:str, # option name, as the user writes it
@@ -270,3 +270,37 @@ def replace_dir(staging:str|Path, # a complete new version of `target`, on the s
         os.rename(target, old)
         os.rename(staging, target)
         shutil.rmtree(old)
+
+# %% ../nbs/02_guards.ipynb #bfdcb468
+def _aside(d:Path, suffix:str) -> Path:
+    return d.with_name(d.name + suffix)
+
+def stash_dirs(dirs:list[Path]):
+    "Before a write: set the complete folders aside as `<name>.prev`, `dirs[0]` (the writer's last) first."
+    for d in map(Path, dirs):
+        if d.exists():
+            os.replace(d, _aside(d, ".prev"))
+
+def restore_dirs(dirs:list[Path]) -> bool:
+    "Put a stashed set back if its write did not complete (True); drop what a committed write left behind."
+    dirs = [Path(d) for d in dirs]
+    interrupted = _aside(dirs[0], ".prev").exists()
+    for d in dirs:
+        prev = _aside(d, ".prev")
+        if interrupted and prev.exists():
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(prev, d)
+        shutil.rmtree(prev, ignore_errors=True)
+        shutil.rmtree(_aside(d, ".old"), ignore_errors=True)
+    return interrupted
+
+def commit_dirs(dirs:list[Path]) -> bool:
+    "After a write: make the new set current and drop the old one (True); put the old one back if nothing was written."
+    dirs = [Path(d) for d in dirs]
+    if not dirs[0].exists():  # the writer wrote nothing: the stashed set stays the current one
+        restore_dirs(dirs)
+        return False
+    if _aside(dirs[0], ".prev").exists():
+        os.replace(_aside(dirs[0], ".prev"), _aside(dirs[0], ".old"))  # the commit point
+    restore_dirs(dirs)  # nothing is marked in progress any more: only drops the leftovers
+    return True

@@ -29,7 +29,8 @@ def test_operations_guide_renders_with_computed_symptoms(tmp_path):
                      "DRY-RUN [6/6] ray-down: ray stop",
                      "sao-repro reward-workers watch",
                      "areal/grpo/seed0             last step 3  flags: crashed",
-                     "group-normalized with G=1: [0.0, 0.0, 0.0, 0.0]"):
+                     "group-normalized with G=1: [0.0, 0.0, 0.0, 0.0]",
+                     "relaunch: restored True | every folder from step ['1']"):
         assert produced in text, produced
     assert "Traceback" not in text.split("How to monitor a run")[0]  # no cell failed before the crash example
 

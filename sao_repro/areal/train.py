@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from ..guards import restore_dirs
 from ..runconfig import set_reward_env
 from ..runlog import log_event
 
@@ -106,8 +107,8 @@ def _restore_recover(cfg, run_dir:str):
     "Rank 0, before AReaL looks for its recover info: a recover checkpoint cut short gives way to the one before it."
     if cfg.recover.mode in ("disabled", "off"):
         return
-    from sao_repro.areal.trainer import recover_dirs, restore_recover
-    if restore_recover(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
+    from sao_repro.areal.trainer import recover_dirs
+    if restore_dirs(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
         log_event(run_dir, "recover_restored", note="the last recover checkpoint was cut short; resuming from the one before it")
 
 def train(cfg) -> int:
