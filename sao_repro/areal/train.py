@@ -105,10 +105,8 @@ def _start_run(cfg, run_dir:str):
 
 def _restore_recover(cfg, run_dir:str):
     "Rank 0, before AReaL looks for its recover info: a recover checkpoint cut short gives way to the one before it."
-    if cfg.recover.mode in ("disabled", "off"):
-        return
-    from sao_repro.areal.trainer import recover_dirs
-    if restore_dirs(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
+    from sao_repro.areal.trainer import recover_dirs, recover_on
+    if recover_on(cfg.recover) and restore_dirs(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
         log_event(run_dir, "recover_restored", note="the last recover checkpoint was cut short; resuming from the one before it")
 
 def train(cfg) -> int:
