@@ -20,15 +20,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("sao_repro.mini.cli:compare_main", "run every setting x seed through run_setting.ipynb (papermill) and summarize"),
     "sweep": ("sao_repro.mini.sweep:sweep_main", "grid of testbed run options x settings x seeds (YAML), resumable, effect sizes with 95% CIs"),
     "prepare-math": ("sao_repro.data:prepare_math_main", "prepare MATH in the schema AReaL reads (\\boxed{} answers, manifest)"),
-    "reward-workers": ("sao_repro.reward_workers:reward_workers_main", "start / stop / status / watch the Ray reward workers"),
-    "areal-config": ("sao_repro.launch:areal_config_main", "print a fully resolved AReaL 1.0.4 config as YAML"),
-    "launch": ("sao_repro.launch:launch_main", "launch one AReaL experiment: preflight, reward workers, train (--dry-run)"),
-    "preflight": ("sao_repro.preflight:preflight_main", "check the GPUs for ghost memory before a launch"),
+    "reward-workers": ("sao_repro.reward.workers:reward_workers_main", "start / stop / status / watch the Ray reward workers"),
+    "areal-config": ("sao_repro.areal.launch:areal_config_main", "print a fully resolved AReaL 1.0.4 config as YAML"),
+    "launch": ("sao_repro.areal.launch:launch_main", "launch one AReaL experiment: preflight, reward workers, train (--dry-run)"),
+    "preflight": ("sao_repro.areal.preflight:preflight_main", "check the GPUs for ghost memory before a launch"),
     "rehearse": ("sao_repro.areal.rehearse:rehearse_main", "rehearse the cluster run on this CPU: AReaL's own trainer, every setting, a tiny model"),
     "cpu-server": ("sao_repro.areal.cpu_server:cpu_server_main", "serve a model on the CPU with the endpoints AReaL's vLLM client calls"),
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
-    "docs": ("sao_repro.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
+    "docs": ("sao_repro.report.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
 }
 
 # %% ../nbs/90_cli.ipynb #93d7f8c7

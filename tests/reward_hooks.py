@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from sao_repro.reward_check import score
+from sao_repro.reward.check import score
 
 PREFIX = "<<sao-test:"
 

@@ -392,7 +392,7 @@ def _bad_configs(tmp_path: Path) -> dict:
 
 
 def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
-    from sao_repro.launch import areal_config_main
+    from sao_repro.areal.launch import areal_config_main
     bad = _bad_configs(tmp_path)
     for name, words in (("typo", "did you mean actor"), ("chain", "would expand to more than"), ("type", "seed")):
         assert areal_config_main([bad[name], "--dotenv", str(tmp_path / "none.env")]) == 2, name
@@ -401,7 +401,7 @@ def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
 
 
 def test_launch_dry_run_reports_each_config_and_ends_with_a_summary(tmp_path, capsys):
-    from sao_repro.launch import launch_main
+    from sao_repro.areal.launch import launch_main
     bad = _bad_configs(tmp_path)
     good = str(ROOT / "configs" / "phase2_hard_sao.yaml")
     rc = launch_main(["--dry-run", "--dotenv", str(tmp_path / "none.env"), bad["typo"], good, bad["chain"]],

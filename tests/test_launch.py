@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sao_repro.launch import (GPU_QUERY, APPS_QUERY, classify_gpus, preflight_report, run_preflight, launch_plan,
+from sao_repro.areal.launch import (GPU_QUERY, APPS_QUERY, classify_gpus, preflight_report, run_preflight, launch_plan,
                               execute_plan, launch_main, areal_config_main, launch_setting, is_finished, SETTING_CONFIGS,
                               CONFIG_ALIASES, RAY_PROBE, areal_cpu_requirements)
 
@@ -254,7 +254,7 @@ def test_ray_probe_is_a_client_not_ray_status():
     def hang(cmd, **kw):
         seen.append((cmd, kw.get("timeout")))
         raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
-    from sao_repro.launch import ray_running
+    from sao_repro.areal.launch import ray_running
     assert ray_running(run=hang, timeout_s=3) is False
     assert seen == [(RAY_PROBE, 3)] and "ray.init(address='auto'" in RAY_PROBE[-1]
     from sao_repro.areal import rehearse

@@ -152,10 +152,10 @@ def test_python_api_errors_list_names():
 
 def test_areal_backend_goes_through_the_launcher(tmp_path, capsys, monkeypatch):
     try:
-        import sao_repro.launch as launch
+        import sao_repro.areal.launch as launch
     except ImportError:  # without the cluster launcher: a clear error naming it
         assert run_main(["--setting", "sao", "--backend", "areal", "--out", str(tmp_path)]) == 1
-        assert "sao_repro.launch" in capsys.readouterr().err
+        assert "sao_repro.areal.launch" in capsys.readouterr().err
         return
     calls = []
 

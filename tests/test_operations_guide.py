@@ -1,4 +1,4 @@
-"""The operations guide (nbs/70_operations.ipynb) renders in the offline docs site with the symptoms its cells
+"""The operations guide (nbs/79_operations.ipynb) renders in the offline docs site with the symptoms its cells
 compute: the monitor's flags, the preflight verdict, the reward pools' counters."""
 import re
 from pathlib import Path
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_operations_guide_renders_with_computed_symptoms(tmp_path):
-    pages = R.build_docs(ROOT, tmp_path / "site", only=["70_operations.ipynb"], report_html=tmp_path / "none.html")
+    pages = R.build_docs(ROOT, tmp_path / "site", only=["79_operations.ipynb"], report_html=tmp_path / "none.html")
     guide = tmp_path / "site" / "operations.html"
     assert guide in pages
     html = guide.read_text()
@@ -38,5 +38,5 @@ def test_operations_guide_renders_with_computed_symptoms(tmp_path):
 def test_guide_is_in_the_docs_sidebar_and_linked_from_the_readme():
     cfg = yaml.safe_load((ROOT / "_quarto.yml").read_text())
     sections = {s["section"]: s["contents"] for s in cfg["website"]["sidebar"]["contents"]}
-    assert sections["Operations"] == ["nbs/70_operations.ipynb"]
-    assert "(nbs/70_operations.ipynb)" in (ROOT / "README.md").read_text()
+    assert sections["Operations"] == ["nbs/79_operations.ipynb"]
+    assert "(nbs/79_operations.ipynb)" in (ROOT / "README.md").read_text()

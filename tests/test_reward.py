@@ -224,7 +224,7 @@ def _hang_on_marker(completion, gold):
 
 
 def test_monkeypatched_score_runs_in_forked_workers(monkeypatch):
-    import sao_repro.reward_check as reward
+    import sao_repro.reward.check as reward
 
     monkeypatch.setattr(reward, "score", _hang_on_marker)
     with RewardPool(workers=2, timeout_s=1.0) as p:

@@ -10,7 +10,7 @@ ray = pytest.importorskip("ray")
 import reward_hooks  # noqa: E402
 from reward_hooks import score_with_markers  # noqa: E402
 from sao_repro.reward import RewardPool, score  # noqa: E402
-from sao_repro.reward_workers import (ACTOR_PREFIX, NAMESPACE, list_workers, reward_workers_main,  # noqa: E402
+from sao_repro.reward.workers import (ACTOR_PREFIX, NAMESPACE, list_workers, reward_workers_main,  # noqa: E402
                                       watch_once)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:reward workers. no Ray node")]
