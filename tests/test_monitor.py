@@ -254,10 +254,10 @@ def test_start_script():
 
 
 def test_script_and_style_are_package_data_served_as_shipped(server):
-    "monitor.js / monitor.css are files in sao_repro/static/, listed as package data, sent byte for byte."
+    "monitor.js / monitor.css are files in sao_repro/monitor/static/, listed as package data, sent byte for byte."
     tomllib = pytest.importorskip("tomllib")
-    pkg = REPO / "sao_repro"
-    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sao_repro"]
+    pkg = REPO / "sao_repro" / "monitor"
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sao_repro.monitor"]
     shipped = {p.name for g in globs for p in pkg.glob(g)}
     assert shipped == {"monitor.js", "monitor.css"}
     for name in sorted(shipped):

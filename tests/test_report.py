@@ -216,7 +216,7 @@ def test_report_notebook_has_a_literal_parameters_cell():
 @pytest.mark.slow
 def test_offline_docs_site(rendered, tmp_path):
     "Two notebooks through nbdev's processing + nbconvert, the index and the report, linked by one nav bar."
-    pages = R.build_docs(ROOT, tmp_path / "site", only=["15_settings.ipynb", "75_report.ipynb"],
+    pages = R.build_docs(ROOT, tmp_path / "site", only=["15_settings.ipynb", "76_report.ipynb"],
                          report_html=rendered / "math_hard_report.html")
     names = sorted(p.name for p in pages)
     assert names == ["index.html", "math_hard_report.html", "report.html", "settings.html"]  # no page overwrites another

@@ -35,7 +35,10 @@ EXTRA_CSS = """body { max-width: 1100px; margin: 0 auto; padding: 0 1.5em; }
 .jp-RenderedHTMLCommon table { font-size: 12px; }
 .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .jp-RenderedHTMLCommon thead tr { text-align: left !important; }
 .sao-nav { font: 14px sans-serif; padding: .6em 0; border-bottom: 1px solid #ddd; margin-bottom: 1em; }
-.sao-nav a { margin-right: 1em; }
+.sao-nav details { display: inline-block; vertical-align: top; margin-right: 1.2em; }
+.sao-nav summary { cursor: pointer; font-weight: 600; }
+.sao-nav ul { list-style: none; margin: .3em 0; padding-left: .8em; }
+.sao-nav a[aria-current] { font-weight: 600; }
 img { max-width: 100%; }
 details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11px; }
 @page { size: A4; margin: 14mm 12mm; }  /* A4 is the narrower of A4 and Letter: what fits it fits both */

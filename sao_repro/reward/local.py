@@ -29,13 +29,13 @@ from .policy import RewardResult
 
 # %% ../../nbs/52_reward.local.ipynb #ebe06b23
 def score_item(
-    scorer,  # (completion, gold) -> reward, or None for `reward_check.score`
+    scorer,  # (completion, gold) -> reward, or None for `reward.check.score`
     completion,
     gold,
 ) -> float:  # the reward; 0.0 if the scorer raised
     "What a worker runs per item; never raises."
     try:
-        return float((scorer or reward_check.score)(completion, gold))
+        return float((scorer or check.score)(completion, gold))
     except Exception:
         return 0.0
 
@@ -122,7 +122,7 @@ class LocalRewardPool(QueuedPool):
             raise ValueError(f"reward.workers={workers}: need at least 1 worker")
         super().__init__(RetryPolicy(timeout_s=timeout_s, max_retries=max_retries, startup_timeout_s=startup_timeout_s))
         self.n_workers = workers
-        self.scorer = scorer  # (completion, gold) -> reward, run in the workers; None: `reward_check.score`
+        self.scorer = scorer  # (completion, gold) -> reward, run in the workers; None: `reward.check.score`
         self.memory_mb = memory_mb
         self.new_session = new_session
         self._ctx = _mp_context(start_method)
