@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .guards import check_timeout
+from .checks import check_timeout
 
 # %% auto #0
 __all__ = ['RewardConfig', 'reward_config_from_env', 'set_reward_env', 'repo_dir']

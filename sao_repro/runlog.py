@@ -1,4 +1,4 @@
-"""What a run writes, under the names both backends share: the files of a run folder, its `events.log` (`log_event` appends, `read_events` reads back) and one step's metrics.
+"""What a run writes, under the names both backends share: the files of a run folder, its records (a valid step, a torn tail cut off), its `events.log` (`log_event` appends, `read_events` reads back) and one step's metrics.
 
 Docs: https://sao-repro.github.io/sao-repro/runlog.html.md"""
 
@@ -7,20 +7,73 @@ Docs: https://sao-repro.github.io/sao-repro/runlog.html.md"""
 # %% ../nbs/02_runlog.ipynb #b0ab7fca
 from __future__ import annotations
 import json
+import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .guards import event_line_ok
+from .files import write_atomic
 
 # %% auto #0
-__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE', 'log_event', 'event_time',
-           'read_events', 'to_float', 'flatten', 'online_accuracy', 'graded_count', 'add_derived', 'areal_to_metrics']
+__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE', 'valid_step',
+           'parse_record', 'repair_lines', 'event_line_ok', 'log_event', 'event_time', 'read_events', 'to_float',
+           'flatten', 'online_accuracy', 'graded_count', 'add_derived', 'areal_to_metrics']
 
 # %% ../nbs/02_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.log"
 CONFIG_FILE = "config.json"
+
+# %% ../nbs/02_runlog.ipynb #44222dce
+MAX_STEP = 10**9
+
+def valid_step(x) -> int|None:
+    "`x` as a step number (an integer 0 <= x <= MAX_STEP), or None."
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    if not math.isfinite(x) or x < 0 or x > MAX_STEP or x != int(x):
+        return None
+    return int(x)
+
+def parse_record(raw:bytes|str) -> dict|None:
+    "One metrics.jsonl line as a dict with a valid `step`, or None (torn, garbage or a bad step)."
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict) or valid_step(obj.get("step")) is None:
+        return None
+    return obj
+
+# %% ../nbs/02_runlog.ipynb #159c7b61
+def repair_lines(path:str|Path, # a line-per-record log
+                 valid, # valid(line: bytes) -> bool
+                ) -> int:
+    "Drop the invalid lines of `path` (a torn or garbage tail); returns how many were dropped."
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    *lines, tail = p.read_bytes().split(b"\n")
+    keep = [l for l in lines if l.strip() and valid(l)]
+    dropped = sum(1 for l in lines if l.strip()) - len(keep)
+    if tail.strip():  # no newline at the end: a torn write, unless the record happens to be whole
+        if valid(tail):
+            keep.append(tail)
+        else:
+            dropped += 1
+    if dropped or tail:
+        write_atomic(p, b"".join(l + b"\n" for l in keep))
+    return dropped
+
+def event_line_ok(raw:bytes) -> bool:
+    "An `events.log` line: time, event name and JSON details separated by tabs."
+    parts = raw.split(b"\t")
+    if len(parts) != 3 or not parts[1].strip():
+        return False
+    try:
+        return isinstance(json.loads(parts[2]), dict)
+    except (ValueError, UnicodeDecodeError):
+        return False
 
 # %% ../nbs/02_runlog.ipynb #0ec6453d
 def log_event(

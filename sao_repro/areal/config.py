@@ -22,7 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
 from ..settings import check_knob, get_setting, list_settings
-from ..guards import check_interpolations, load_yaml_bounded
+from ..configfile import check_interpolations, load_yaml_bounded
 from ..runconfig import RewardConfig
 from .algo import areal_actor_keys
 

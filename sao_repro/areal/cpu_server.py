@@ -20,7 +20,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
-from ..guards import serve_until_interrupted
+from ..stopping import serve_until_interrupted
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925
 class CPUGenerator:

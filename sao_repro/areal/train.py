@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from ..guards import restore_dirs
+from ..files import restore_dirs
 from ..runconfig import set_reward_env
 from ..runlog import log_event
 

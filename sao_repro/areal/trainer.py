@@ -15,7 +15,7 @@ import torch.distributed as dist
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils import stats_tracker
 from areal.utils.environ import is_single_controller
-from ..guards import commit_dirs, stash_dirs
+from ..files import commit_dirs, stash_dirs
 from ..runlog import log_event
 from .config import with_sao
 from . import engine as sao_engines

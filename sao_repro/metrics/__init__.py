@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Iterator
 import pandas as pd
 from fastcore.basics import patch
-from ..guards import valid_step
-from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE
+from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, valid_step
 from ..runlog import add_derived, areal_to_metrics, flatten, graded_count, online_accuracy, to_float
 from .areal import ArealLogParser, clean_log_line, is_areal_log
 from .health import HealthScan, health_flags, nonfinite_watched, timeout_rate

@@ -20,7 +20,7 @@ import numpy as np
 from ..settings import list_settings
 from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
                                   check_fresh, read_metrics, train_run)
-from ..guards import RunInterrupted
+from ..stopping import RunInterrupted
 from ..nbrun import run_notebook
 from .runfolder import run_state
 from .summary import format_summary, point_summary, run_windows, study_tables, summarize

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fastcore.basics import patch
 
-from ..guards import check_number
+from ..checks import check_number
 from ..loss import POLICY_FORMS
 from ..settings import Setting, check_knob, get_setting, list_settings
 from .model import ModelConfig, PretrainConfig

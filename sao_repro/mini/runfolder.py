@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..guards import event_line_ok, parse_record, repair_lines, valid_step, write_atomic
+from ..files import write_atomic
 from ..runlog import log_event  # one events.log format for both backends
+from ..runlog import event_line_ok, parse_record, repair_lines, valid_step
 from .config import MiniRunConfig
 
 # %% auto #0

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..settings import list_settings
 from .train import MiniRunConfig
-from ..guards import load_yaml_bounded
+from ..configfile import load_yaml_bounded
 from ..stats import paired_effect
 from .runfolder import run_state
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start

@@ -22,7 +22,8 @@ from ..core import masked_mean, masked_var
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
-from ..guards import GracefulStop, RunInterrupted, write_atomic
+from ..files import write_atomic
+from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
 from .model import CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start

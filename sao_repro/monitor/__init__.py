@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from fastcore.basics import patch
 from .data import MonitorState, jsonable
 from .page import CHARTS, CSS, JS, PAGE, SMOOTH_STEPS, STATIC, render_page
-from ..guards import serve_until_interrupted
+from ..stopping import serve_until_interrupted
 
 # %% auto #0
 __all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'IDLE_TIMEOUT_S',

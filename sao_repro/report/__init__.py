@@ -16,14 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 import pandas as pd
-from ..guards import html_id, md_code
 from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
 from .tables import (
     REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
     numbers_table, reference_table, run_summary)
 from .text import (
-    display_path, provenance, report_title, runs_block, runs_commands, runs_using, testbed_limits)
+    display_path, html_id, md_code, provenance, report_title, runs_block, runs_commands, runs_using, testbed_limits)
 from .figures import fig_accuracy, fig_critic, fig_dis
 from .render import (
     REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html, offline_violations,

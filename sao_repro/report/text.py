@@ -1,4 +1,4 @@
-"""The report's words, computed from its runs: provenance lines, the commands that made the runs, the title, and what the testbed runs can and cannot show.
+"""The report's words, computed from its runs: text from the runs made safe in Markdown and HTML, provenance lines, the commands that made the runs, the title, and what the testbed runs can and cannot show.
 
 Docs: https://sao-repro.github.io/sao-repro/report.text.html.md"""
 
@@ -11,13 +11,27 @@ import re
 import shlex
 from pathlib import Path
 import pandas as pd
-from ..guards import md_code
 from ..mini.train import MiniRunConfig
 from .tables import REFERENCE_RESULTS, _order, _setting_spec
 
 # %% auto #0
-__all__ = ['BACKEND_NAMES', 'run_command', 'runs_commands', 'provenance', 'runs_using', 'display_path', 'runs_block',
-           'report_title', 'testbed_limits']
+__all__ = ['BACKEND_NAMES', 'md_text', 'md_code', 'html_id', 'run_command', 'runs_commands', 'provenance', 'runs_using',
+           'display_path', 'runs_block', 'report_title', 'testbed_limits']
+
+# %% ../../nbs/71_report.text.ipynb #3f721523
+_PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./-,:=+@%_")
+
+def md_text(text) -> str:
+    "`text` with every character Markdown or HTML could act on written as a character reference."
+    return "".join(c if c in _PLAIN else f"&#{ord(c)};" for c in str(text))
+
+def md_code(text) -> str:
+    "`text` as an inline code element, safe in Markdown and HTML whatever it contains."
+    return f"<code>{md_text(text)}</code>"
+
+def html_id(text) -> str:
+    "`text` as an HTML id / class token: letters, digits, `-` and `_` only."
+    return re.sub(r"[^A-Za-z0-9_-]", "_", str(text))
 
 # %% ../../nbs/71_report.text.ipynb #de9177fc
 def run_command(config:dict) -> str:

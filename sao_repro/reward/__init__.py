@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from ..math_answer import gold_from_answer
-from ..guards import check_timeout
+from ..checks import check_timeout
 from .check import MAX_ANSWER_CHARS  # noqa: F401 -- re-exported: the reward API in one place
 from .check import WARMUP_CASES  # noqa: F401
 from .check import clean_text  # noqa: F401

@@ -17,7 +17,7 @@ from dataclasses import field
 
 from fastcore.basics import patch
 
-from ..guards import check_timeout
+from ..checks import check_timeout
 from .check import clean_text
 
 # %% ../../nbs/51_reward.policy.ipynb #e91fd476
