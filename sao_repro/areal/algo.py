@@ -46,17 +46,6 @@ def skip_obs_advantages(
         _, ret = skip_obs_gae(r, v, mask, gamma, float(critic_lambda))
     return adv, ret
 
-# %% ../../nbs/35_areal.algo.ipynb #b15e4790
-def _absorb(b:RunningMeanBaseline, total:float, count:int) -> RunningMeanBaseline:
-    "Fold a batch given only by its (sum, count) into `b`, exactly as `RunningMeanBaseline.update` would."
-    if count == 0:
-        return b
-    batch_mean = total / count
-    b.ema = batch_mean if b.count == 0 else b.decay * b.ema + (1 - b.decay) * batch_mean
-    b.total += total
-    b.count += int(count)
-    return b
-
 # %% ../../nbs/35_areal.algo.ipynb #5942424e
 class RunningMeanRewardNorm:
     "AReaL `reward_norm` hook: r minus the running mean of earlier rewards over all data-parallel ranks."
@@ -91,7 +80,7 @@ class RunningMeanRewardNorm:
                 ) -> torch.Tensor:
         check_shape("rewards", x, (None,))
         out = (x.float() - self.baseline.mean).to(x.dtype if x.is_floating_point() else torch.float32)
-        _absorb(self.baseline, *self._global_sum_count(x))
+        self.baseline.absorb(*self._global_sum_count(x))
         return out
 
     def state_dict(self) -> dict:
