@@ -6,12 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal.algo.html.md"""
 
 # %% ../../nbs/35_areal.algo.ipynb #34122c16
 from __future__ import annotations
-import math
 import torch
 import torch.distributed as dist
 from ..core import check_shape
 from ..gae import skip_obs_gae, adaptive_lambda
-from ..dis import dis_mask, log_ratio
+from ..dis import dis_mask, dis_split, log_ratio
 from ..advantages import RunningMeanBaseline
 from ..settings import Setting
 
@@ -102,10 +101,8 @@ def dis_token_masks(
     "Per-token bool masks: the denominator and kept / masked-below / masked-above tokens."
     mask = loss_mask.bool()
     kept = dis_mask(prox_logp, behav_logp, mask, band)
-    lr = log_ratio(prox_logp, behav_logp, mask)
-    below = mask & ~kept & (lr < math.log(band[0]))
-    return {DIS_DENOMINATOR: mask, "dis/kept_frac": kept, "dis/masked_below_frac": below,
-            "dis/masked_above_frac": mask & ~kept & ~below}
+    below, above = dis_split(log_ratio(prox_logp, behav_logp, mask), mask & ~kept, band)
+    return {DIS_DENOMINATOR: mask, "dis/kept_frac": kept, "dis/masked_below_frac": below, "dis/masked_above_frac": above}
 
 def log_dis_stats(
     tracker, # an AReaL `DistributedStatsTracker` (e.g. `stats_tracker.DEFAULT_TRACKER`)
