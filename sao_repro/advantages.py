@@ -126,11 +126,19 @@ class RunningMeanBaseline:
     def update(self, rewards:torch.Tensor):
         "Fold a batch of [B] rewards into the baseline."
         r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
-        if r.numel() == 0:
+        return self.absorb(float(r.sum()), r.numel())
+
+    def absorb(self,
+               total:float, # sum of the batch's rewards
+               count:int, # how many rewards the batch has
+              ):
+        "Fold a batch given only by its sum and count (e.g. all-reduced over ranks) into the baseline."
+        if count == 0:
             return self
-        self.ema = float(r.mean()) if self.count == 0 else self.decay * self.ema + (1 - self.decay) * float(r.mean())
-        self.total += float(r.sum())
-        self.count += r.numel()
+        batch_mean = total / count
+        self.ema = batch_mean if self.count == 0 else self.decay * self.ema + (1 - self.decay) * batch_mean
+        self.total += float(total)
+        self.count += int(count)
         return self
 
     def state_dict(self) -> dict:

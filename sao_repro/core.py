@@ -89,36 +89,44 @@ def masked_whiten(
     return torch.where(mask, out, torch.zeros((), dtype=x.dtype))
 
 # %% ../nbs/00_core.ipynb #0f1493fe
-def _same_function(f, g) -> bool:
-    "True when `f` and `g` are the same definition (identical, or the same code re-executed)."
+def _same_entry(f, g) -> bool:
+    "True when `f` and `g` are the same entry: identical, equal values, or the same function definition re-executed."
     if f is g:
         return True
-    try:
-        return (f.__module__, f.__qualname__, f.__code__.co_code, f.__code__.co_consts) == \
-               (g.__module__, g.__qualname__, g.__code__.co_code, g.__code__.co_consts)
-    except AttributeError:
-        return False
+    cf, cg = getattr(f, "__code__", None), getattr(g, "__code__", None)
+    if cf is None or cg is None:
+        return not (callable(f) or callable(g)) and f == g
+    return (f.__module__, f.__qualname__, cf.co_code, cf.co_consts) == (g.__module__, g.__qualname__, cg.co_code, cg.co_consts)
 
 class Registry(dict):
-    "Functions by name: `register(name)` decorates, `lookup(name)` finds, `names()` lists (sorted)."
-    def __init__(self, kind:str): # what is registered, for messages: "advantage estimator", "policy loss"
+    "Entries by name: `add(name, x)` or the `register(name)` decorator adds, `lookup(name)` finds, `names()` lists."
+    def __init__(self,
+                 kind:str, # what is registered, for messages: "advantage estimator", "policy loss", "setting"
+                 sort:bool=True, # `names()` sorted; False: in registration order
+                ):
         super().__init__()
-        self.kind = kind
+        self.kind, self.sort = kind, sort
+
+    def add(self, name:str, entry):
+        "Register `entry` under `name` and return it; a different entry under a taken name raises."
+        if name in self and not _same_entry(self[name], entry):
+            old = getattr(self[name], "__qualname__", None)
+            raise ValueError(f"{self.kind} {name!r} is already registered " + (f"to {old}" if old else "with different values")
+                             + "; pick another name")
+        self[name] = entry
+        return entry
 
     def register(self, name:str):
         "Decorator registering a function under `name`."
-        def deco(fn):
-            if name in self and not _same_function(self[name], fn):
-                raise ValueError(f"{self.kind} {name!r} is already registered to {self[name].__qualname__}; pick another name")
-            self[name] = fn
-            return fn
-        return deco
+        return lambda fn: self.add(name, fn)
 
     def names(self) -> list[str]:
-        return sorted(self)
+        "The registered names (sorted, or in registration order with `sort=False`)."
+        return sorted(self) if self.sort else list(self)
 
     def lookup(self, name:str):
-        "The function registered under `name`; an unknown name lists the valid ones."
+        "The entry registered under `name`; an unknown name lists the valid ones."
         if name not in self:
             raise ValueError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
         return self[name]
+

@@ -12,7 +12,7 @@ import torch
 from .core import check_shape, check_mask, masked_mean
 
 # %% auto #0
-__all__ = ['DIS_CONVENTIONS', 'DIS_LEVELS', 'dis_band', 'log_ratio', 'dis_mask', 'dis_metrics']
+__all__ = ['DIS_CONVENTIONS', 'DIS_LEVELS', 'dis_band', 'log_ratio', 'dis_mask', 'dis_split', 'dis_metrics']
 
 # %% ../nbs/10_dis.ipynb #c35b9421
 DIS_CONVENTIONS = ("absolute", "eps")
@@ -82,6 +82,18 @@ def dis_mask(
     inside = (lr >= math.log(lo)) & (lr <= math.log(hi))  # NaN compares False: dropped
     return loss_mask & inside
 
+# %% ../nbs/10_dis.ipynb #85a7f17b
+def dis_split(
+    lr:torch.Tensor, # [B, T] log-ratios from `log_ratio`
+    dropped:torch.Tensor, # [B, T] bool, the dropped tokens to split (e.g. `loss_mask & ~dis_mask(...)`)
+    band:tuple[float, float], # (lo, hi)
+    level:str="token", # as in `dis_mask`
+) -> tuple[torch.Tensor, torch.Tensor]:
+    "Bool `[B, T]` masks `(below, above)`: the `dropped` tokens split by the side of the band they left by."
+    check_mask("dropped", dropped, lr)
+    below = dropped & (lr < math.log(band[0]) if level == "token" else lr <= 0)
+    return below, dropped & ~below
+
 # %% ../nbs/10_dis.ipynb #bdece4ea
 def _quantiles(lr:torch.Tensor, qs=(0.01, 0.5, 0.99)) -> list[float]:
     "Quantiles of the ratio exp(lr) for a 1-D tensor of finite log-ratios (NaN when empty)."
@@ -107,9 +119,7 @@ def dis_metrics(
         kept, below, above = finite, torch.zeros_like(finite), torch.zeros_like(finite)
     else:
         kept = dis_mask(logp, behav_logp, loss_mask, band, level)
-        lo, hi = band
-        below = finite & ~kept & (lr < math.log(lo) if level == "token" else lr <= 0)
-        above = finite & ~kept & ~below
+        below, above = dis_split(lr, finite & ~kept, band, level)
     p01, p50, p99 = _quantiles(lr[finite])
     return {"dis/kept_frac": int(kept.sum()) / n, "dis/masked_below_frac": int(below.sum()) / n,
             "dis/masked_above_frac": int(above.sum()) / n,

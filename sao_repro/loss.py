@@ -7,14 +7,15 @@ Docs: https://sao-repro.github.io/sao-repro/loss.html.md"""
 # %% ../nbs/13_loss.ipynb #855acfc2
 from __future__ import annotations
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 import torch
 from .core import Registry, check_shape, check_mask, masked_mean, masked_sum
 from .dis import dis_mask, dis_metrics
 
 # %% auto #0
 __all__ = ['AGG_MODES', 'POLICY_FORMS', 'POLICY_LOSSES', 'register_policy_loss', 'get_policy_loss', 'list_policy_losses',
-           'agg_loss', 'PolicyLossConfig', 'policy_loss_name', 'ppo_clip', 'dis_direct', 'dis_decoupled', 'policy_loss',
-           'value_loss']
+           'agg_loss', 'PolicyLossConfig', 'policy_loss_name', 'PolicyLossResult', 'PolicyLossFn', 'ppo_clip',
+           'dis_direct', 'dis_decoupled', 'policy_loss', 'value_loss']
 
 # %% ../nbs/13_loss.ipynb #c1dee5ea
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum")
@@ -70,34 +71,48 @@ def _clipped_surrogate(ratio, adv, eps_clip, eps_clip_higher):
     l1, l2 = -ratio * adv, -clipped * adv
     return torch.maximum(l1, l2), (l2 > l1)
 
+# %% ../nbs/13_loss.ipynb #cbaada6c
+class PolicyLossResult(NamedTuple):
+    "What every policy loss returns: per-token pieces that `policy_loss` reduces and measures, each [B, T]."
+    loss_mat: torch.Tensor # per-token loss (only read where `keep` is True)
+    keep: torch.Tensor # bool, the tokens that enter the loss
+    clipped: torch.Tensor # bool, the tokens where PPO's clip is active
+    dis_logp: torch.Tensor # the log-probs whose ratio to `behav_logp` DIS measures: `logp` or `prox_logp`
+
+class PolicyLossFn(Protocol):
+    "The one signature of every registered policy loss."
+    def __call__(self,
+                 logp:torch.Tensor, # [B, T] log-probs of the policy being trained (with gradient)
+                 behav_logp:torch.Tensor, # [B, T] behaviour log-probs (detached)
+                 prox_logp:torch.Tensor|None, # [B, T] proximal log-probs (detached; None where the loss reads none)
+                 advantages:torch.Tensor, # [B, T], zero off the mask (detached)
+                 loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
+                 cfg:PolicyLossConfig, # the shared knobs
+                ) -> PolicyLossResult: ...
+
 # %% ../nbs/13_loss.ipynb #cfbc82eb
 @register_policy_loss("ppo_clip")
-def ppo_clip(logp, # [B, T] policy log-probs (with gradient)
-             behav_logp, # [B, T] behaviour log-probs
-             prox_logp, # [B, T] proximal log-probs (unused by this loss: None is fine)
-             advantages, # [B, T], zero off the mask
-             loss_mask, # [B, T] bool
-             cfg:PolicyLossConfig):
-    "Clipped surrogate on w = pi / pi_behave over every action token."
+def ppo_clip(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
+    "Clipped surrogate on w = pi / pi_behave over every action token (`prox_logp` unused: None is fine)."
     w = torch.exp(torch.where(loss_mask, logp - behav_logp, 0.0))
     loss_mat, clipped = _clipped_surrogate(w, advantages, cfg.eps_clip, cfg.eps_clip_higher)
-    return loss_mat, loss_mask, clipped, logp
+    return PolicyLossResult(loss_mat, keep=loss_mask, clipped=clipped, dis_logp=logp)
 
 @register_policy_loss("dis_direct")
-def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig):
+def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
     "-k w A: tokens whose ratio pi / pi_behave leaves the band are dropped; the rest keep their IS weight."
     keep = _keep(logp, behav_logp, loss_mask, cfg)
     w = torch.exp(torch.where(keep, logp - behav_logp, 0.0))
-    return -w * advantages, keep, torch.zeros_like(keep), logp
+    return PolicyLossResult(-w * advantages, keep=keep, clipped=torch.zeros_like(keep), dis_logp=logp)
 
 @register_policy_loss("dis_decoupled")
-def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig):
+def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
     "-k (pi_prox / pi_behave) min(rho A, clip(rho) A), rho = pi / pi_prox, k on pi_prox / pi_behave."
     keep = _keep(prox_logp, behav_logp, loss_mask, cfg)
     behav_w = torch.exp(torch.where(keep, prox_logp - behav_logp, 0.0))
     rho = torch.exp(torch.where(keep, logp - prox_logp, 0.0))
     surr, clipped = _clipped_surrogate(rho, advantages, cfg.eps_clip, cfg.eps_clip_higher)
-    return behav_w * surr, keep, clipped, prox_logp
+    return PolicyLossResult(behav_w * surr, keep=keep, clipped=clipped, dis_logp=prox_logp)
 
 # %% ../nbs/13_loss.ipynb #b4042f18
 def _check_policy_inputs(logp, behav_logp, advantages, loss_mask, name, prox_logp):
@@ -125,29 +140,31 @@ def policy_loss(
     agg:str="token-mean", # reduction, see `agg_loss`
     dropped_in_denominator:bool=True, # dropped tokens still count in the denominator (AReaL's choice)
     level:str="token", # DIS level: "token" or "sequence"
+    dis_stats:bool=True, # add the `dis/` metrics (with a band); False when the caller measures DIS on a larger batch
 ) -> tuple[torch.Tensor, dict[str, float]]:
     "The registered policy loss the band and form name, reduced, with its metrics (`actor/`, and `dis/` with a band)."
     name = policy_loss_name(band, form)
     _check_policy_inputs(logp, behav_logp, advantages, loss_mask, name, prox_logp)
     adv = torch.where(loss_mask, advantages, 0.0).detach()
-    prox = None if prox_logp is None else prox_logp.detach()
+    behav, prox = behav_logp.detach(), None if prox_logp is None else prox_logp.detach()
     cfg = PolicyLossConfig(band, eps_clip, eps_clip_higher, level)
-    loss_mat, keep, clipped, masked_on = get_policy_loss(name)(logp, behav_logp.detach(), prox, adv, loss_mask, cfg)
-    loss = agg_loss(torch.where(keep, loss_mat, 0.0), loss_mask if dropped_in_denominator else keep, agg)
-    return loss, _policy_metrics(loss, logp, behav_logp.detach(), masked_on, keep, clipped, loss_mask, band, level)
+    loss_fn: PolicyLossFn = get_policy_loss(name)
+    res = loss_fn(logp, behav, prox, adv, loss_mask, cfg)
+    loss = agg_loss(torch.where(res.keep, res.loss_mat, 0.0), loss_mask if dropped_in_denominator else res.keep, agg)
+    m = _actor_metrics(loss, logp, behav, res, loss_mask)
+    if dis_stats and band is not None:
+        m.update(dis_metrics(res.dis_logp, behav, loss_mask, band, level))  # on the ratio DIS masks on
+    return loss, m
 
 # %% ../nbs/13_loss.ipynb #a04f62fc
 @torch.no_grad()
-def _policy_metrics(loss, logp, behav, masked_on, keep, clipped, loss_mask, band, level) -> dict[str, float]:
-    "actor/ metrics, and dis/ metrics on the ratio DIS masks on."
+def _actor_metrics(loss, logp, behav, res:PolicyLossResult, loss_mask) -> dict[str, float]:
+    "The `actor/` metrics of a policy loss."
     lr = torch.where(loss_mask, (logp.detach() - behav).nan_to_num(0.0, 0.0, 0.0), torch.zeros(()))
-    out = {"actor/loss": float(loss.detach()),
-           "actor/clip_frac": float(masked_mean(clipped.float(), keep)),
-           "actor/approx_kl": float(masked_mean(0.5 * lr ** 2, loss_mask)),
-           "actor/kept_tokens": int(keep.sum())}
-    if band is not None:
-        out.update(dis_metrics(masked_on, behav, loss_mask, band, level))
-    return out
+    return {"actor/loss": float(loss.detach()),
+            "actor/clip_frac": float(masked_mean(res.clipped.float(), res.keep)),
+            "actor/approx_kl": float(masked_mean(0.5 * lr ** 2, loss_mask)),
+            "actor/kept_tokens": int(res.keep.sum())}
 
 # %% ../nbs/13_loss.ipynb #ff4f428b
 def value_loss(

@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from .core import Registry
 from .dis import dis_band, DIS_CONVENTIONS
 from .advantages import list_advantages
 
@@ -119,24 +120,19 @@ def check_knob(field:str, # a Setting field among KNOB_CHECKS
         raise ValueError(f"{key or field}={value!r}: {e}") from None
 
 # %% ../nbs/15_settings.ipynb #d5046240
-SETTINGS: dict[str, Setting] = {}
+SETTINGS = Registry("setting", sort=False)  # names in the comparison's order
 
 def register_setting(s:Setting) -> Setting:
-    "Add `s` to the registry; a different setting under a taken name raises."
-    if s.name in SETTINGS and SETTINGS[s.name] != s:
-        raise ValueError(f"setting {s.name!r} is already registered with different values")
-    SETTINGS[s.name] = s
-    return s
+    "Add `s` to the registry under its name; a different setting under a taken name raises."
+    return SETTINGS.add(s.name, s)
 
 def list_settings() -> list[str]:
     "Registered setting names, in the comparison's order."
-    return list(SETTINGS)
+    return SETTINGS.names()
 
 def get_setting(name:str) -> Setting:
     "The setting called `name`; an unknown name lists the valid ones."
-    if name not in SETTINGS:
-        raise ValueError(f"unknown setting {name!r}; valid settings: {', '.join(list_settings())}")
-    return SETTINGS[name]
+    return SETTINGS.lookup(name)
 
 # %% ../nbs/15_settings.ipynb #4e33c4bc
 DIS = (0.3, 5.0)

@@ -13,7 +13,8 @@ from sao_repro.core import masked_mean, masked_whiten
 from sao_repro.dis import dis_band, dis_mask, dis_metrics
 from sao_repro.gae import (adaptive_lambda, areal_style_gae, gae_reference, reverse_linear_scan,
                            sequence_reward_to_tokens, skip_obs_gae)
-from sao_repro.loss import policy_loss, value_loss
+from sao_repro.loss import (PolicyLossConfig, PolicyLossFn, PolicyLossResult, get_policy_loss, list_policy_losses,
+                             policy_loss, value_loss)
 from sao_repro.settings import get_setting, list_settings, load_setting_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +190,23 @@ def test_policy_loss_direct_value_and_denominator_flag():
     assert float(l_drop) == pytest.approx((-2 + 1) / 2)
     with pytest.raises(ValueError, match="form"):
         policy_loss(logp, behav, adv, mask, form="vanilla")
+
+
+def test_policy_losses_one_signature_named_result():
+    "Every registered loss takes the PolicyLossFn arguments and returns a PolicyLossResult whose keep-mask is the DIS mask."
+    import inspect
+    want = list(inspect.signature(PolicyLossFn.__call__).parameters)[1:]
+    g = torch.Generator().manual_seed(5)
+    logp, behav, adv = (torch.randn(2, 5, generator=g) * 2 for _ in range(3))
+    mask = torch.rand(2, 5, generator=g) < 0.8
+    cfg = PolicyLossConfig(band=(0.3, 5.0))
+    for name in list_policy_losses():
+        fn = get_policy_loss(name)
+        assert list(inspect.signature(fn).parameters) == want, name
+        res = fn(logp, behav, logp, adv, mask, cfg)
+        assert isinstance(res, PolicyLossResult) and res.loss_mat.shape == (2, 5)
+        dis = dis_mask(res.dis_logp, behav, mask, cfg.band)
+        assert torch.equal(res.keep, mask if name == "ppo_clip" else dis), name
 
 
 def test_value_loss_clip():

@@ -67,6 +67,29 @@ def _start_weights(cfg):
     return cache_root() / "mini" / start_key(cfg.task(), cfg.model(), cfg.pretrain()) / "start.pt"
 
 
+@pytest.mark.parametrize("setting, kw", [("grpo_dis", {}), ("grpo_dis", {"minibatches": 2}), ("grpo", {}),
+                                         ("single_dis", {"dis_form": "decoupled"}), ("sao", {"critic_warmup": 1})])
+def test_dis_metrics_measured_once_per_step(setting, kw, tmp_path, monkeypatch):
+    "One `dis_metrics` call per step: the policy loss's own (one step on the whole batch), else the trainer's."
+    import sao_repro.loss as L
+    import sao_repro.mini.train as MT
+    calls = []
+    def counted(fn):
+        def call(*a, **k):
+            calls.append(tuple(a[2].shape))
+            return fn(*a, **k)
+        return call
+    monkeypatch.setattr(L, "dis_metrics", counted(L.dis_metrics))
+    monkeypatch.setattr(MT, "dis_metrics", counted(MT.dis_metrics))
+    tr = MT.MiniTrainer(smoke_cfg(setting, tmp_path, **kw), log=None)
+    for step in range(2):
+        calls.clear()
+        m = tr.train_step()
+        assert len(calls) == 1 and calls[0][0] == 16, (step, calls)  # once, on the whole batch of 16 rows
+        assert m["dis/kept_frac"] + m["dis/masked_below_frac"] + m["dis/masked_above_frac"] + \
+            m["dis/nonfinite_frac"] == pytest.approx(1.0)
+
+
 def test_equal_trajectories_per_step(tmp_path):
     for s in ("grpo", "single_dis"):
         d = train_run(smoke_cfg(s, tmp_path, steps=1), log=None)

@@ -6,12 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal.algo.html.md"""
 
 # %% ../../nbs/35_areal.algo.ipynb #34122c16
 from __future__ import annotations
-import math
 import torch
 import torch.distributed as dist
 from ..core import check_shape
 from ..gae import skip_obs_gae, adaptive_lambda
-from ..dis import dis_mask, log_ratio
+from ..dis import dis_mask, dis_split, log_ratio
 from ..advantages import RunningMeanBaseline
 from ..settings import Setting
 
@@ -45,17 +44,6 @@ def skip_obs_advantages(
     if not (isinstance(lam, float) and lam == float(critic_lambda)):
         _, ret = skip_obs_gae(r, v, mask, gamma, float(critic_lambda))
     return adv, ret
-
-# %% ../../nbs/35_areal.algo.ipynb #b15e4790
-def _absorb(b:RunningMeanBaseline, total:float, count:int) -> RunningMeanBaseline:
-    "Fold a batch given only by its (sum, count) into `b`, exactly as `RunningMeanBaseline.update` would."
-    if count == 0:
-        return b
-    batch_mean = total / count
-    b.ema = batch_mean if b.count == 0 else b.decay * b.ema + (1 - b.decay) * batch_mean
-    b.total += total
-    b.count += int(count)
-    return b
 
 # %% ../../nbs/35_areal.algo.ipynb #5942424e
 class RunningMeanRewardNorm:
@@ -91,7 +79,7 @@ class RunningMeanRewardNorm:
                 ) -> torch.Tensor:
         check_shape("rewards", x, (None,))
         out = (x.float() - self.baseline.mean).to(x.dtype if x.is_floating_point() else torch.float32)
-        _absorb(self.baseline, *self._global_sum_count(x))
+        self.baseline.absorb(*self._global_sum_count(x))
         return out
 
     def state_dict(self) -> dict:
@@ -113,10 +101,8 @@ def dis_token_masks(
     "Per-token bool masks: the denominator and kept / masked-below / masked-above tokens."
     mask = loss_mask.bool()
     kept = dis_mask(prox_logp, behav_logp, mask, band)
-    lr = log_ratio(prox_logp, behav_logp, mask)
-    below = mask & ~kept & (lr < math.log(band[0]))
-    return {DIS_DENOMINATOR: mask, "dis/kept_frac": kept, "dis/masked_below_frac": below,
-            "dis/masked_above_frac": mask & ~kept & ~below}
+    below, above = dis_split(log_ratio(prox_logp, behav_logp, mask), mask & ~kept, band)
+    return {DIS_DENOMINATOR: mask, "dis/kept_frac": kept, "dis/masked_below_frac": below, "dis/masked_above_frac": above}
 
 def log_dis_stats(
     tracker, # an AReaL `DistributedStatsTracker` (e.g. `stats_tracker.DEFAULT_TRACKER`)

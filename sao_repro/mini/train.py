@@ -125,15 +125,17 @@ def advantages(self: MiniTrainer, ro, old_values):
 
 # %% ../../nbs/30_mini.train.ipynb #b201fdec
 @patch
-def policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None) -> tuple[dict, torch.Tensor]:
+def policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None, dis_stats=True) -> tuple[dict, torch.Tensor]:
     """One clipped Adam step on the setting's policy loss over rows `idx` of rollout `ro` (raises NonFiniteError
-    before applying a bad step). `prox_logp`: the proximal policy's log-probs of these rows (None: this policy's)."""
+    before applying a bad step). `prox_logp`: the proximal policy's log-probs of these rows (None: this policy's).
+    `dis_stats`: the metrics keep the loss's `dis/` metrics of these rows (with a band)."""
     tokens, behav_logp, loss_mask = ro.tokens[idx], ro.behav_logp[idx], ro.loss_mask[idx]
     logp = token_logp(self.policy(tokens, lengths=self.row_lengths(ro, idx)), tokens)
     band = self.setting.band
     form = self.cfg.dis_form if band is not None else "direct"  # no DIS: the cluster's plain PPO ratio (ppo_clip)
     prox = logp.detach() if prox_logp is None else prox_logp
-    loss, m = policy_loss(logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox)
+    loss, m = policy_loss(logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox,
+                          dis_stats=dis_stats)
     if self.step + 1 == self.cfg.debug_nan_step:
         loss = loss * float("nan")
     if not _finite(loss):
@@ -144,14 +146,15 @@ def policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None) -> tuple[dict, 
     if not _finite(gn):
         raise NonFiniteError(f"actor grad norm is {float(gn)} at step {self.step + 1}")
     self.opt.step()
-    m = {k: float(v) for k, v in m.items() if not k.startswith("dis/")}
+    m = {k: float(v) for k, v in m.items()}
     m.update({"actor/loss": float(loss.detach()), "actor/grad_norm": float(gn)})
     return m, prox
 
 # %% ../../nbs/30_mini.train.ipynb #6ed55349
 @patch
 def policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
-    "`minibatches` policy steps, each on a shuffled slice of the batch (one step on the whole batch when 1)."
+    """`minibatches` policy steps, each on a shuffled slice of the batch (one step on the whole batch when 1, whose
+    metrics then hold the loss's `dis/` metrics)."""
     n = self.cfg.minibatches
     if n == 1:
         m, logp = self.policy_step(ro, slice(None), adv)
@@ -164,7 +167,7 @@ def policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
     logp = torch.empty_like(ro.behav_logp)
     ms = []
     for idx in torch.tensor_split(torch.randperm(len(ro.tokens), generator=self.mb_gen), n):
-        mi, logp[idx] = self.policy_step(ro, idx, adv, None if prox is None else prox[idx])
+        mi, logp[idx] = self.policy_step(ro, idx, adv, None if prox is None else prox[idx], dis_stats=False)
         ms.append(mi)
     m = {k: float(np.mean([mi[k] for mi in ms])) for k in ms[0]}
     m.update({"actor/updated": 1, "actor/n_updates": n})
@@ -185,14 +188,15 @@ def train_step(self: MiniTrainer) -> dict:
         if not (_finite(cm["critic/value_loss"]) and _finite(cm["critic/grad_norm"])):
             raise NonFiniteError(f"critic metrics not finite at step {self.step + 1}: {cm}")
         m.update({k: float(v) for k, v in cm.items()})
+    loss_dis = {}
     if self.critic is not None and self.critic.in_warmup(self.step):
         with torch.no_grad():
             logp = token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
         m.update({"actor/loss": 0.0, "actor/grad_norm": 0.0, "actor/updated": 0, "actor/n_updates": 0})
     else:
         am, logp = self.policy_update(ro, adv)
+        loss_dis = {k: am.pop(k) for k in [k for k in am if k.startswith("dis/")]}  # logged with the other dis/ keys
         m.update(am)
-    band = s.band
     n_ok = float(ro.rewards.sum())
     m.update({"acc": n_ok / len(ro.rewards), "reward/mean": float(ro.rewards.mean()),
               "rollout/n_correct": n_ok, "rollout/n_incorrect": len(ro.rewards) - n_ok,
@@ -204,13 +208,20 @@ def train_step(self: MiniTrainer) -> dict:
         direct = (resp != tok.stoi["="]).all(1) & (resp == tok.eos_id).any(1) & (ro.resp_len > 1)
         m["rollout/direct_frac"] = float(direct.float().mean())
     m["adv/lambda_mean"] = float(torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean())
-    m.update(dis_metrics(logp, ro.behav_logp, ro.loss_mask, band))
-    inside = dis_mask(logp, ro.behav_logp, ro.loss_mask, self.diag_band)
-    m["dis/outside_band_frac"] = 1.0 - int(inside.sum()) / max(int(ro.loss_mask.sum()), 1)
+    m.update(self.dis_stats(ro, logp, loss_dis))
     self.step += 1
     self.history.push(self.step, self.policy)
     m["perf/step_s"] = time.perf_counter() - t0
     return m
+
+# %% ../../nbs/30_mini.train.ipynb #ee58637d
+@patch
+def dis_stats(self: MiniTrainer, ro, logp, from_loss: dict) -> dict:
+    """The step's `dis/` metrics on `logp` (the log-probs the band was applied to): `from_loss`, the policy loss's
+    own when one step saw the whole batch, else measured here; and the fraction outside the paper's band."""
+    m = from_loss or dis_metrics(logp, ro.behav_logp, ro.loss_mask, self.setting.band)
+    inside = dis_mask(logp, ro.behav_logp, ro.loss_mask, self.diag_band)
+    return {**m, "dis/outside_band_frac": 1.0 - int(inside.sum()) / max(int(ro.loss_mask.sum()), 1)}
 
 # %% ../../nbs/30_mini.train.ipynb #7ab5f5d6
 @patch
