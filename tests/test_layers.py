@@ -1,6 +1,6 @@
 """Import direction: every arrow between the package's modules points down the layers, and no import cycle.
 
-Layers (README, Layout): L0 core <- L1 backends <- L2 ops <- L3 CLI. A module may import from its own layer or
+Layers (DESIGN.md, Layout): L0 core <- L1 backends <- L2 ops <- L3 CLI. A module may import from its own layer or
 lower ones, never higher, and the package's import graph has no cycle. Imports inside functions count like
 module-level ones: a lazy import may defer a heavy third-party package, never hide an upward arrow or a cycle.
 """
