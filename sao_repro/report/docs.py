@@ -232,7 +232,7 @@ def readme_markdown(root=".") -> str:
     cfg.TagRemovePreprocessor.enabled = True
     cfg.TagRemovePreprocessor.remove_input_tags = {"remove_input"}
     body, _ = MarkdownExporter(config=cfg).from_notebook_node(nb)
-    body = re.sub(r"(\]\s*)\(([^()\s]+)\)", _root_link, body.replace("\r\n", "\n"))
+    body = re.sub(r"(\])\(([^()\s]+)\)", _root_link, body.replace("\r\n", "\n"))
     body = re.sub(r"[ \t]+$", "", body, flags=re.M)
     return README_HEAD + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
 
