@@ -28,8 +28,9 @@ def test_operations_guide_renders_with_computed_symptoms(tmp_path):
     assert len(shown) >= 10 and html.count("jp-OutputArea-output") >= len(shown)  # every symptom cell shows its output
     # the symptoms, computed here with the package's own code, are what the page shows
     from sao_repro.areal.launch import execute_plan, launch_plan, preflight_report
-    rc, msg = preflight_report("0, GPU-a, 1, 81559\n1, GPU-b, 61234, 81559\n", "")
-    assert rc == 1 and "GPU 1" in msg and msg.splitlines()[0] in text
+    rc, msg = preflight_report("0, GPU-a, 1, 81559\n1, GPU-b, 61234, 81559\n", "")  # GPU 1: memory, no process
+    ghost = next(l for l in msg.splitlines() if "FAIL" in l)
+    assert rc == 1 and "GPU 1" in ghost and ghost in text
     out = io.StringIO()
     execute_plan(launch_plan("configs/phase2_hard_sao.yaml", [], "ray", 32, 5.0, python="python"), dry_run=True, out=out)
     for line in out.getvalue().splitlines():
