@@ -176,17 +176,19 @@ def test_monitor_page_updates_live(tmp_path):
             writer.wait()
 
 
-def readme_screenshot_command():
-    "The README's monitor screenshot command, as argv."
+def monitor_screenshot_command():
+    "The monitor notebook's screenshot command (its docs page, under 'Watching runs live'), as argv."
+    import json
     import shlex
-    readme = (HERE.parent / "README.md").read_text()
-    block = readme.split("## Watching runs live", 1)[1]
+    nb = json.loads((HERE.parent / "nbs" / "67_monitor.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    block = text.split("## Watching runs live", 1)[1]
     line = next(l for l in block.replace("\\\n", " ").splitlines() if l.startswith("chromium ") and "--screenshot" in l)
     return shlex.split(line)
 
 
-def test_readme_screenshot_command_waits_for_the_data(tmp_path):
-    "The README's chromium command, pointed at a monitor over finished runs, shows their curves, not 'loading'."
+def test_documented_screenshot_command_waits_for_the_data(tmp_path):
+    "The documented chromium command, pointed at a monitor over finished runs, shows their curves, not 'loading'."
     from PIL import Image
     logs = tmp_path / "runs"
     logs.mkdir()
@@ -194,7 +196,7 @@ def test_readme_screenshot_command_waits_for_the_data(tmp_path):
                     "--steps", "60", "--interval", "0"], check=True)
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
     try:
-        argv = readme_screenshot_command()
+        argv = monitor_screenshot_command()
         assert any(a.startswith("--virtual-time-budget=") for a in argv)
         png = tmp_path / "monitor.png"
         argv = [CHROMIUM] + [f"--screenshot={png}" if a.startswith("--screenshot=") else srv.url if a.startswith("http")

@@ -1,6 +1,6 @@
 """A new user's first commands: `make test` needs Chromium (installs it or names the command), browser tests
-never pass silently skipped under CI, the README's two commands and the licence files."""
-import os
+never pass silently skipped under CI, what `make test` and `make study` run, and the licence files."""
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -40,23 +40,49 @@ def test_need_chromium_finds_the_browser_named_by_CHROMIUM(tmp_path):
     assert r.returncode == 0 and "Chromium 1.2.3" in r.stdout
 
 
-def test_make_test_checks_chromium_and_requires_browser_tests():
-    out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "VENV": str(ROOT / ".no-such-venv")}).stdout
-    lines = out.splitlines()
-    chrome = next(i for i, l in enumerate(lines) if "need_chromium.sh" in l)
-    tests = next(i for i, l in enumerate(lines) if "scripts/test.sh" in l)
-    assert chrome < tests and "SAO_REQUIRE_BROWSER=1" in lines[tests]
+def _make_with_stubs(tmp_path, *targets):
+    """Run `make TARGET` in a copy of the Makefile whose python, install, Chromium and test scripts are stubs that
+    log what they were run with; returns the log's lines."""
+    log = tmp_path / "log"
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    (tmp_path / "pyproject.toml").write_text("")
+    def stub(name, body):
+        (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    stub("python3", f'echo "venv $*" >> {log}; mkdir -p "$3/bin"')
+    stub("scripts/install_dev.sh", f'echo "install TORCH=$TORCH" >> {log}; '
+         f'printf \'#!/bin/bash\\necho "sao-repro $*" >> {log}\\n\' > .venv/bin/sao-repro; chmod +x .venv/bin/sao-repro')
+    stub("scripts/need_chromium.sh", f'echo chromium >> {log}')
+    stub("scripts/test.sh", f'echo "test SAO_REQUIRE_BROWSER=$SAO_REQUIRE_BROWSER sao-repro=$(command -v sao-repro)" >> {log}')
+    for t in targets:
+        subprocess.run(["make", t, f"PYTHON={tmp_path / 'python3'}"], cwd=tmp_path, check=True, capture_output=True)
+    return log.read_text().splitlines()
 
 
-def test_readme_opens_with_the_two_commands_and_the_licence_files_exist():
-    readme = (ROOT / "README.md").read_text()
-    top = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    assert "make study" in top and "make test" in top and "Chromium" in top
-    assert "unofficial re-implementation" in readme and "not affiliated" in readme
-    lic = (ROOT / "LICENSE").read_text()
-    assert "Apache License" in lic and "Version 2.0, January 2004" in lic and "END OF TERMS AND CONDITIONS" in lic
-    assert len(lic.splitlines()) > 190  # the full text, not a pointer to it
+def test_make_test_installs_then_checks_chromium_then_requires_browser_tests(tmp_path):
+    steps = _make_with_stubs(tmp_path, "test")
+    assert [s.split()[0] for s in steps] == ["venv", "install", "chromium", "test"]
+    assert "SAO_REQUIRE_BROWSER=1" in steps[-1]
+    assert f"sao-repro={tmp_path}/.venv/bin/sao-repro" in steps[-1]  # the tests run inside the new .venv
+
+
+def test_make_study_installs_once_then_runs_the_study(tmp_path):
+    steps = _make_with_stubs(tmp_path, "study", "study")
+    assert [s.split()[0] for s in steps] == ["venv", "install", "sao-repro", "sao-repro"]  # installed once
+    assert steps[1].startswith("install TORCH=torch==")  # the CPU build of torch
+    study = steps[2].split()
+    assert study[:2] == ["sao-repro", "compare"] and study[study.index("--seeds") + 1] == "3"
+
+
+APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"  # apache.org/licenses/LICENSE-2.0.txt
+
+
+def test_the_licence_files_hold_apache_2_and_the_credits():
+    import hashlib
+    import tomllib
+    assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_SHA256
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
     notice = (ROOT / "NOTICE").read_text()
     for name in ("arXiv:2607.07508", "AReaL", "MATH"):
         assert name in notice, name

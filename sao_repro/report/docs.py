@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import html
+import json
+import posixpath
 import re
 import shutil
 import sys
@@ -19,8 +21,9 @@ from .render import REPORT_NAME, REPORT_NB, notebook_to_html
 from .layout import doc_sections
 
 # %% auto #0
-__all__ = ['CURRENT', 'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml',
-           'process_docs', 'tidy_doc_nb', 'build_docs', 'docs_main']
+__all__ = ['CURRENT', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml',
+           'quarto_files', 'check_quarto_yml', 'process_docs', 'tidy_doc_nb', 'build_docs', 'readme_markdown',
+           'run_index', 'write_readme', 'readme_problems', 'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
 def doc_notebooks(root=".") -> list[Path]:
@@ -221,9 +224,72 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     log(f"docs: wrote {len(written)} pages to {out}")
     return written
 
+# %% ../../nbs/75_report.docs.ipynb #a1d0c002
+README_NB = "nbs/index.ipynb"
+README_HEAD = "<!-- generated from nbs/index.ipynb by `sao-repro docs --readme`: edit the notebook, not this file -->\n\n"
+
+def _root_link(m) -> str:
+    "A markdown link target relative to `nbs/`, made relative to the repository root."
+    target = m.group(2)
+    if re.match(r"[a-z][a-z0-9+.-]*:|#|/", target):
+        return m.group(0)
+    return f"{m.group(1)}({posixpath.normpath(posixpath.join('nbs', target))})"
+
+def readme_markdown(root=".") -> str:
+    "`README.md`'s text: the index notebook as saved (not re-run), as the docs site shows it, in markdown."
+    import nbformat
+    from nbconvert import MarkdownExporter
+    from traitlets.config import Config
+    nb, _ = tidy_doc_nb(nbformat.read(str(Path(root, README_NB)), as_version=4))
+    cfg = Config()
+    cfg.TagRemovePreprocessor.enabled = True
+    cfg.TagRemovePreprocessor.remove_input_tags = {"remove_input"}
+    body, _ = MarkdownExporter(config=cfg).from_notebook_node(nb)
+    body = re.sub(r"(\])\(([^()\s]+)\)", _root_link, body.replace("\r\n", "\n"))
+    body = re.sub(r"[ \t]+$", "", body, flags=re.M)
+    return README_HEAD + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
+
+# %% ../../nbs/75_report.docs.ipynb #a1d0c004
+def run_index(root=".", log=print) -> Path:
+    "Run the index notebook and save its outputs (cleaned as `nbdev-clean` does), so the page shows what the commands print."
+    from nbdev.clean import nbdev_clean
+    from nbdev.test import test_nb
+    idx = Path(root, README_NB).resolve()
+    ok, secs = test_nb(idx, save=True)
+    if not ok:
+        raise RuntimeError(f"{idx} failed to run: its outputs were not saved")
+    nb = json.loads(idx.read_text(encoding="utf-8"))
+    for c in nb["cells"]:
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "stream":
+                o["text"] = [t.replace("\r\n", "\n") for t in o["text"]]
+    idx.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    nbdev_clean(fname=str(idx))
+    log(f"docs: ran {idx.name} in {secs:.0f} s")
+    return idx
+
+def write_readme(root=".", execute=True, log=print) -> Path:
+    "Write `<root>/README.md` from the index notebook, running it first unless `execute` is False."
+    if execute:
+        run_index(root, log)
+    p = Path(root, "README.md")
+    p.write_text(readme_markdown(root), encoding="utf-8")
+    log(f"docs: wrote {p} ({len(p.read_text().splitlines())} lines) from {README_NB}")
+    return p
+
+def readme_problems(root=".") -> list[str]:
+    "Why `<root>/README.md` is not what the index notebook gives (empty list when it is)."
+    import difflib
+    p, want = Path(root, "README.md"), readme_markdown(root)
+    have = p.read_text(encoding="utf-8") if p.exists() else ""
+    if have == want:
+        return []
+    diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), "README.md", README_NB, lineterm="", n=0))
+    return [f"README.md differs from what {README_NB} gives: run `sao-repro docs --readme`"] + diff[2:12]
+
 # %% ../../nbs/75_report.docs.ipynb #3dedc630
 def docs_main(argv:list[str]|None=None) -> int:
-    "`sao-repro docs`: build the docs site offline, or write / check `_quarto.yml`. 0 on success, 1 on problems."
+    "`sao-repro docs`: build the docs site offline, write / check `_quarto.yml` or README.md. 0 on success, 1 on problems."
     p = argparse.ArgumentParser(prog="sao-repro docs", description="Build the docs site (notebooks + report) offline "
                                 "into plain HTML, or write / check the root _quarto.yml used by Quarto and nbdev-docs.")
     p.add_argument("--root", default=".", help="repository root holding nbs/ and report/ (default .)")
@@ -232,7 +298,16 @@ def docs_main(argv:list[str]|None=None) -> int:
     p.add_argument("--report", default=None, help="rendered report HTML to include (default _report/math_hard_report.html)")
     p.add_argument("--write-quarto-yml", action="store_true", help="regenerate _quarto.yml from the notebooks and exit")
     p.add_argument("--check", action="store_true", help="check _quarto.yml (files exist, all notebooks listed) and exit")
+    p.add_argument("--readme", action="store_true", help="run nbs/index.ipynb, then write README.md from it, and exit")
+    p.add_argument("--check-readme", action="store_true", help="check README.md is what nbs/index.ipynb gives, and exit")
     a = p.parse_args(argv)
+    if a.readme:
+        write_readme(a.root)
+    if a.readme or a.check_readme:
+        probs = readme_problems(a.root)
+        for pr in probs:
+            print(pr, file=sys.stderr)
+        return 1 if probs else 0
     if a.write_quarto_yml:
         print(f"docs: wrote {write_quarto_yml(a.root)}")
     if a.check or a.write_quarto_yml:

@@ -18,7 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 # %% auto #0
 __all__ = ['CONTRACT_ID', 'LAYER_NAMES', 'GUIDES', 'layer_contract', 'package_modules', 'notebook_pages', 'module_map',
-           'module_table', 'layer_table', 'doc_sections', 'layout_markdown']
+           'module_table', 'layer_table', 'doc_sections', 'layout_markdown', 'page_link']
 
 # %% ../../nbs/74_report.layout.ipynb #d9f5ee12
 CONTRACT_ID = "layers"  # the id of the layers contract in [tool.importlinter]
@@ -134,8 +134,8 @@ def doc_sections(root=".") -> list[tuple[str, list[str]]]:
 def layout_markdown(root=".") -> str:
     "The docs' layout page body: the layers, then every module."
     return ("The package's layers, from `pyproject.toml` (`[tool.importlinter]`, checked by `lint-imports` and the tests): "
-            "an import points down or sideways, never up.\n\n" + layer_table(root, link=_page) + "\n" + module_table(root, link=_page))
+            "an import points down or sideways, never up.\n\n" + layer_table(root, link=page_link) + "\n" + module_table(root, link=page_link))
 
-def _page(nb:str) -> str:
+def page_link(nb:str) -> str:
     "A notebook path as a link from a page of the docs site (pages sit beside each other)."
     return Path(nb).name

@@ -1,0 +1,85 @@
+"""README.md is generated from nbs/index.ipynb: it is what the notebook gives, the notebook's outputs are what its
+commands print, nbdev's own commands cannot rewrite it, and every link and `make` target it names exists."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sao_repro.report import docs as D
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_is_what_the_index_notebook_gives():
+    assert D.readme_problems(ROOT) == []
+
+
+def test_readme_check_fails_on_a_hand_edit(tmp_path):
+    (tmp_path / "nbs").mkdir()
+    shutil.copy(ROOT / D.README_NB, tmp_path / D.README_NB)
+    (tmp_path / "README.md").write_text((ROOT / "README.md").read_text() + "one more line\n")
+    probs = D.readme_problems(tmp_path)
+    assert probs and "sao-repro docs --readme" in probs[0] and "-one more line" in probs
+    assert D.docs_main(["--root", str(tmp_path), "--check-readme"]) == 1
+
+
+def _outputs(nb:dict) -> list[str]:
+    return ["".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                    for o in c["outputs"]).replace("\r\n", "\n") for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_index_outputs_are_what_its_commands_print(tmp_path):
+    "The saved outputs (the settings table) come from running the cells, not from typing."
+    (tmp_path / "nbs").mkdir()
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copy(ROOT / D.README_NB, tmp_path / D.README_NB)
+    saved = json.loads((ROOT / D.README_NB).read_text())
+    D.run_index(tmp_path, log=lambda *a: None)
+    fresh = json.loads((tmp_path / D.README_NB).read_text())
+    assert _outputs(fresh) == _outputs(saved)
+    assert all(_outputs(saved)), "every code cell of the index has a saved output"
+    from sao_repro.settings import list_settings
+    table = _outputs(saved)[0]
+    assert [l.split()[0] for l in table.splitlines()[1:]] == list(list_settings())
+    assert table in D.readme_markdown(ROOT).replace("\n    ", "\n")
+
+
+def test_nbdev_commands_leave_the_readme_alone(monkeypatch):
+    "nbdev-readme (run by nbdev-prepare and nbdev-docs) finds no readme notebook and returns before rendering."
+    import nbdev.quarto as Q
+    from nbdev.config import get_config
+    cfg = get_config(ROOT)
+    assert not (cfg.nbs_path / cfg.readme_nb).exists() and not (ROOT / cfg.readme_nb).exists()
+    def fail(*a, **k):
+        raise AssertionError("nbdev-readme tried to render README.md")
+    monkeypatch.setattr(Q, "proc_nbs", fail)
+    monkeypatch.setattr(Q, "_sprun", fail)
+    before = (ROOT / "README.md").read_bytes()
+    cwd = os.getcwd()
+    try:
+        Q.nbdev_readme.__wrapped__(path=str(ROOT))
+        Q.nbdev_readme.__wrapped__(path=str(ROOT), chk_time=True)
+    finally:
+        os.chdir(cwd)
+    assert (ROOT / "README.md").read_bytes() == before
+
+
+def test_readme_is_short_and_everything_it_names_exists():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 170
+    links = re.findall(r"\]\(([^()\s]+)\)", readme)
+    local = [l for l in links if not re.match(r"[a-z]+:|#", l)]
+    assert local, "the README links to the notebooks"
+    for l in local:
+        assert (ROOT / l.split("#")[0]).exists(), l
+    targets = sorted(set(re.findall(r"(?:`|^)make (\w+)", readme, flags=re.M)))
+    assert {"study", "test"} <= set(targets)
+    for t in targets:
+        r = subprocess.run(["make", "-n", t], cwd=ROOT, capture_output=True, text=True,
+                           env={**os.environ, "VENV": str(ROOT / ".no-such-venv")})
+        assert r.returncode == 0, (t, r.stderr)
+    assert "<!-- layout table -->" in readme.splitlines()
