@@ -131,7 +131,7 @@ class RunCommand:
     resume: bool = _switch("continue from the last checkpoint of the run folder")
     overwrite: bool = _switch("replace a run already in the run folder (deletes it)")
     allow_config_change: bool = _switch("with --resume: allow options that differ from the checkpoint's (recorded as a change)")
-    smoke: bool = _switch("seconds-long run with a tiny model (for tests); the defaults shown become the smoke preset's")
+    smoke: bool = _switch("seconds-long run with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
 
 def setting_choice():
     "The registered settings as a `Literal` type, read when a command line is parsed."
@@ -253,7 +253,7 @@ class CompareCommand:
     notebook: str | None = field(default=None, metadata={"help": "run notebook (None: experiments/run_setting.ipynb)"})
     overwrite: bool = _switch("run every (setting, seed) again from scratch, replacing finished and partial runs "
                               "(without it: finished runs are skipped, partial ones resumed)")
-    smoke: bool = _switch("seconds-long runs with a tiny model (for tests); the defaults shown become the smoke preset's")
+    smoke: bool = _switch("seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
 
     def __post_init__(self):
         "Counts that must be >= 1 (exit 2 before anything runs)."
