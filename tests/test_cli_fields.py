@@ -139,3 +139,12 @@ def test_bad_choice_exit_code_of_the_command():
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2
     assert "--lag-mode" in p.stderr and "'fixed'" in p.stderr and "'random'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_reports_run_command_reproduces_the_config(captured):
+    "The `sao-repro run` line the report prints for a run folder parses back to that run's config."
+    from dataclasses import asdict
+    from sao_repro.report.text import run_command
+    cfg = MiniRunConfig(**{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads")})
+    assert main(shlex.split(run_command(asdict(cfg)))[1:]) == 0
+    assert asdict(captured["config"]) == asdict(cfg)
