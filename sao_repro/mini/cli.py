@@ -6,16 +6,17 @@ Docs: https://sao-repro.github.io/sao-repro/mini.cli.html.md"""
 
 # %% ../../nbs/32_mini.cli.ipynb #1a00769e
 from __future__ import annotations
-import argparse
 import json
 import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import MISSING, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
+from typing import Literal, get_type_hints
 
 import numpy as np
+import tyro
 
 from ..settings import list_settings
 from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
@@ -26,8 +27,10 @@ from .runfolder import run_state
 from .summary import format_summary, point_summary, run_windows, study_tables, summarize
 
 # %% auto #0
-__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'run_parser', 'run_main', 'find_run_notebook',
-           'check_parameters_cell', 'execute_run', 'compare_parser', 'prebuild_warm_start', 'compare_main']
+__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'RunCommand', 'setting_choice',
+           'command_options', 'parse_command', 'run_overrides', 'run_options', 'run_main', 'find_run_notebook',
+           'check_parameters_cell', 'execute_run', 'CompareCommand', 'compare_options', 'prebuild_warm_start',
+           'compare_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
@@ -119,73 +122,78 @@ def plot_run(run_dir, smooth: int = 10):
     return fig
 
 # %% ../../nbs/32_mini.cli.ipynb #ef3d64fd
-_RUN_FLAGS = ("lr", "critic_lr", "max_grad_norm", "lag_mode", "noise", "traj_per_step", "difficulty", "ops",
-              "eval_every", "eval_n", "ckpt_every", "keep_ckpts", "preset", "threads", "debug_nan_step",
-              "minibatches", "critic_warmup", "critic_k", "critic_width", "policy_lambda",
-              "family", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype", "dis_form")
-# the task and mechanism options `sao-repro compare` passes to every run
-_COMPARE_FLAGS = ("noise", "lr", "lag_mode", "difficulty", "traj_per_step", "eval_every", "minibatches", "policy_lambda",
-                  "critic_k", "critic_warmup", "critic_width", "critic_lr",
-                  "family", "ops", "min_terms", "max_terms", "direct_frac", "sft_noise", "behav_dtype", "dis_form")
+def _switch(help_: str):
+    return field(default=False, metadata={"help": help_})
 
-def _lambda_value(v: str):
-    "--policy-lambda: 'adaptive' or a float."
-    if v == "adaptive":
-        return v
-    try:
-        return float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is neither a float nor 'adaptive'") from None
+@dataclass(kw_only=True)
+class RunCommand:
+    "`sao-repro run`'s own switches; its run options are the fields of `MiniRunConfig`."
+    resume: bool = _switch("continue from the last checkpoint of the run folder")
+    overwrite: bool = _switch("replace a run already in the run folder (deletes it)")
+    allow_config_change: bool = _switch("with --resume: allow options that differ from the checkpoint's (recorded as a change)")
+    smoke: bool = _switch("seconds-long run with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
 
-_FLAG_TYPES = {"critic_warmup": int, "critic_k": int, "critic_width": int, "policy_lambda": _lambda_value, "sft_noise": float}
+def setting_choice():
+    "The registered settings as a `Literal` type, read when a command line is parsed."
+    return Literal[tuple(list_settings())]
 
-def _add_field_flags(p: argparse.ArgumentParser, names):
-    "One --flag per MiniRunConfig field, help from its metadata, default None (= the config's)."
-    for f in fields(MiniRunConfig):
-        if f.name in names:
-            typ = _FLAG_TYPES.get(f.name) or (type(f.default) if f.default not in (MISSING, None) else str)
-            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=typ, default=None,
-                           choices=f.metadata.get("choices"), help=f"{f.metadata['help']} (default {f.default})")
 
-def _overrides(args, names) -> dict:
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+# %% ../../nbs/32_mini.cli.ipynb #3c5e9a11
+def command_options(command: type, # the command's own options (a kw-only dataclass)
+                    base: MiniRunConfig, # its values are the run options' defaults
+                    skip=(), # `MiniRunConfig` fields the command sets itself
+                    required=(), # run options without a default
+                    types: dict | None = None, # name -> type on the command line (e.g. the settings registry)
+                   ) -> type:
+    "One dataclass per command line: the command's fields, then `MiniRunConfig`'s (same names, types, help)."
+    hints = {**get_type_hints(command), **get_type_hints(MiniRunConfig), **(types or {})}
+    own = [(f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+           for f in fields(command)]
+    run = [(f.name, hints[f.name], field(metadata=f.metadata) if f.name in required
+            else field(default=getattr(base, f.name), metadata=f.metadata))
+           for f in fields(MiniRunConfig) if f.name not in skip]
+    return make_dataclass(command.__name__, own + run, bases=(command,), kw_only=True)
 
-def run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro run", description="Run one setting x seed (CPU testbed by default); "
-                                "the run folder is <out>/<backend>/<setting>/seed<S>/.")
-    p.add_argument("--setting", required=True, choices=list_settings(), help="setting name")
-    p.add_argument("--backend", default="mini", choices=list(BACKENDS), help="'mini' (CPU testbed) or 'areal' (cluster)")
-    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {MiniRunConfig.steps})")
-    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
-    p.add_argument("--lag", type=int, default=None, help=f"behaviour-policy lag in steps (default {MiniRunConfig.lag})")
-    p.add_argument("--out", default="runs", help="root of the run folders (default runs)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the run folder")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder (deletes it)")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: allow options that differ from the checkpoint's (recorded as a change)")
-    p.add_argument("--smoke", action="store_true", help="seconds-long run with a tiny model (for tests)")
-    _add_field_flags(p, _RUN_FLAGS)
-    return p
+def parse_command(cls: type, argv: list[str], prog: str, description: str):
+    "Parse ARGV into `cls` with tyro (exit 2 naming the option on a bad one); switches are plain `--flag`s."
+    return tyro.cli(cls, args=argv, prog=prog, description=description, config=(tyro.conf.FlagCreatePairsOff,))
+
+def run_overrides(opts, base: MiniRunConfig, skip=()) -> dict:
+    "The run options set on the command line: the `MiniRunConfig` fields of `opts` that differ from `base`."
+    return {f.name: getattr(opts, f.name) for f in fields(MiniRunConfig)
+            if f.name not in skip and hasattr(opts, f.name) and getattr(opts, f.name) != getattr(base, f.name)}
+
+
+# %% ../../nbs/32_mini.cli.ipynb #8a4f2b67
+def run_options(argv: list[str]) -> tuple:
+    "`sao-repro run` ARGV -> (options, run overrides incl. `steps` when given); exit 2 on a bad flag or value."
+    base = make_config("sao", smoke="--smoke" in argv)  # --smoke: the smoke preset's values are the defaults
+    cls = command_options(RunCommand, base, required=("setting",), types={"setting": setting_choice()})
+    a = parse_command(cls, argv, "sao-repro run", "Run one setting x seed (CPU testbed by default); the run folder "
+                      "is <out>/<backend>/<setting>/seed<S>/. The options after --smoke are the run's (MiniRunConfig fields).")
+    return a, run_overrides(a, base, skip=("setting", "seed", "backend", "out"))
+
 
 # %% ../../nbs/32_mini.cli.ipynb #7c9254a6
 def run_main(argv: list[str] | None = None) -> int:
     "`sao-repro run`: exit 0 on success, 3 when stopped by NaN/inf, 130 when interrupted, 1 on another error, 2 on bad arguments."
-    args = run_parser().parse_args(argv)
-    ov = _overrides(args, _RUN_FLAGS + ("lag",))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, ov = run_options(argv)
+    steps = ov.pop("steps", None)
     try:  # argument errors exit 2 before any folder is made
         if args.backend == "mini":
-            make_config(args.setting, args.seed, args.steps, args.backend, args.out, args.smoke, ov)
+            make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov)
     except ValueError as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     try:
-        d = run_setting(args.setting, args.seed, args.steps, args.backend, args.out, args.smoke, ov, args.resume,
+        d = run_setting(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov, args.resume,
                         overwrite=args.overwrite, allow_config_change=args.allow_config_change)
     except (RunExistsError, ConfigChangeError) as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     except (RunInterrupted, KeyboardInterrupt) as e:
-        again = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--overwrite", "--resume")]
+        again = [a for a in argv if a not in ("--overwrite", "--resume")]
         print(f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
               f"{shlex.join(again)} --resume", file=sys.stderr)
         return 130
@@ -235,31 +243,33 @@ def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, back
     return run_dir
 
 # %% ../../nbs/32_mini.cli.ipynb #8debba7b
-def compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro compare", description="Run every (setting, seed) through the papermill "
-                                "notebook experiments/run_setting.ipynb and print accuracy start -> end over seeds.")
-    p.add_argument("--settings", nargs="+", default=list_settings(), choices=list_settings(), metavar="SETTING",
-                   help=f"settings to compare (default all: {' '.join(list_settings())})")
-    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per setting (default 1)")
-    p.add_argument("--steps", type=int, default=None, help=f"training steps per run (default {MiniRunConfig.steps})")
-    p.add_argument("--out", default="runs", help="root of the run folders (default runs)")
-    p.add_argument("--backend", default="mini", choices=list(BACKENDS), help="'mini' (CPU testbed) or 'areal'")
-    p.add_argument("--jobs", type=int, default=2, help="runs executed side by side (default 2: one per core)")
-    p.add_argument("--lag", type=int, default=None, help=f"behaviour-policy lag (default {MiniRunConfig.lag})")
-    p.add_argument("--window", type=int, default=50, help="start/end window in steps for the summary (default 50)")
-    p.add_argument("--smoke", action="store_true", help="seconds-long runs with a tiny model (for tests)")
-    p.add_argument("--notebook", default=None, help="run notebook (default experiments/run_setting.ipynb)")
-    p.add_argument("--overwrite", action="store_true", help="run every (setting, seed) again from scratch, replacing "
-                   "finished and partial runs (default: finished runs are skipped, partial ones resumed)")
-    _add_field_flags(p, _COMPARE_FLAGS)
-    return p
+@dataclass(kw_only=True)
+class CompareCommand:
+    "`sao-repro compare`'s own options; its run options are the fields of `MiniRunConfig` (but setting and seed)."
+    settings: list[str] = field(default_factory=list_settings, metadata={"help": "settings to compare"})
+    seeds: int = field(default=1, metadata={"help": "seeds 0..N-1 per setting"})
+    jobs: int = field(default=2, metadata={"help": "runs executed side by side (one per core)"})
+    window: int = field(default=50, metadata={"help": "start/end window in steps for the summary"})
+    notebook: str | None = field(default=None, metadata={"help": "run notebook (None: experiments/run_setting.ipynb)"})
+    overwrite: bool = _switch("run every (setting, seed) again from scratch, replacing finished and partial runs "
+                              "(without it: finished runs are skipped, partial ones resumed)")
+    smoke: bool = _switch("seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
 
-def _check_counts(p: argparse.ArgumentParser, a):
-    "Counts that must be >= 1 (exit 2 before anything runs)."
-    for name in ("seeds", "jobs", "window", "steps"):
-        v = getattr(a, name, None)
-        if v is not None and v < 1:
-            p.error(f"--{name} {v}: must be >= 1")
+    def __post_init__(self):
+        "Counts that must be >= 1 (exit 2 before anything runs)."
+        for name in ("seeds", "jobs", "window", "steps"):
+            v = getattr(self, name, None)
+            if v is not None and v < 1:
+                raise ValueError(f"--{name} {v}: must be >= 1")
+
+def compare_options(argv: list[str]) -> tuple:
+    "`sao-repro compare` ARGV -> (options, run overrides); exit 2 on a bad flag or value."
+    base = make_config("sao", smoke="--smoke" in argv)
+    cls = command_options(CompareCommand, base, skip=("setting", "seed"), types={"settings": list[setting_choice()]})
+    a = parse_command(cls, argv, "sao-repro compare", "Run every (setting, seed) through the papermill notebook "
+                      "experiments/run_setting.ipynb and print accuracy start -> end over seeds. "
+                      "The options after --smoke are the runs' (MiniRunConfig fields but setting and seed).")
+    return a, run_overrides(a, base, skip=("steps", "backend", "out"))
 
 # %% ../../nbs/32_mini.cli.ipynb #ed10bf22
 def _compare_state(a, ov: dict, setting: str, seed: int) -> str:
@@ -287,10 +297,7 @@ def prebuild_warm_start(a, ov):
 def compare_main(argv: list[str] | None = None) -> int:
     "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed)."
     from tqdm.auto import tqdm
-    p = compare_parser()
-    a = p.parse_args(argv)
-    _check_counts(p, a)
-    ov = _overrides(a, ("lag",) + _COMPARE_FLAGS)
+    a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
     jobs = [(s, k, _compare_state(a, ov, s, k)) for s in a.settings for k in range(a.seeds)]

@@ -8,6 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini.config.html.md"""
 from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from fastcore.basics import patch
 
@@ -19,10 +20,11 @@ from .rollout import RolloutConfig
 from .task import TaskConfig, chain_prompt_len, max_answer_len, task_tokenizer
 
 # %% auto #0
-__all__ = ['BACKENDS', 'MiniRunConfig']
+__all__ = ['Backend', 'BACKENDS', 'MiniRunConfig']
 
 # %% ../../nbs/28_mini.config.ipynb #69a64c7f
-BACKENDS = ("mini", "areal")
+Backend = Literal["mini", "areal"]
+BACKENDS = get_args(Backend)
 
 @dataclass
 class MiniRunConfig:
@@ -30,14 +32,14 @@ class MiniRunConfig:
     setting: str = field(default="sao", metadata={"help": "setting name (see sao_repro.settings.list_settings())"})
     seed: int = field(default=0, metadata={"help": "run seed (rollouts, prompts, lags); the warm start is shared"})
     steps: int = field(default=400, metadata={"help": "training steps"})
-    backend: str = field(default="mini", metadata={"help": "'mini' (this CPU testbed)", "choices": list(BACKENDS)})
+    backend: Backend = field(default="mini", metadata={"help": "'mini' (this CPU testbed)"})
     out: str = field(default="runs", metadata={"help": "root of run folders <out>/<backend>/<setting>/seed<S>/"})
     traj_per_step: int = field(default=64, metadata={"help": "trajectories per step, equal across settings"})
     lr: float = field(default=1e-4, metadata={"help": "policy Adam learning rate"})
     critic_lr: float = field(default=5e-4, metadata={"help": "critic Adam learning rate (paper ratio 5x the policy's)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     lag: int = field(default=3, metadata={"help": "behaviour-policy lag in steps (max when lag_mode='random')"})
-    lag_mode: str = field(default="fixed", metadata={"help": "'fixed' or 'random' (uniform 0..lag)", "choices": ["fixed", "random"]})
+    lag_mode: Literal["fixed", "random"] = field(default="fixed", metadata={"help": "'fixed' or 'random' (uniform 0..lag)"})
     noise: float = field(default=1.0, metadata={"help": "behaviour logit-noise std (rollout engine vs trainer mismatch)"})
     difficulty: int = field(default=2, metadata={"help": "digits per operand of the arithmetic task"})
     ops: str = field(default="+", metadata={"help": "operators of the arithmetic task"})
@@ -45,30 +47,27 @@ class MiniRunConfig:
     eval_n: int = field(default=512, metadata={"help": "held-out problems per evaluation"})
     ckpt_every: int = field(default=50, metadata={"help": "checkpoint every N steps (and at the last step)"})
     keep_ckpts: int = field(default=2, metadata={"help": "checkpoints kept on disk"})
-    preset: str = field(default="default", metadata={"help": "'default' (study model) or 'smoke' (tiny model, fast warm start)", "choices": ["default", "smoke"]})
+    preset: Literal["default", "smoke"] = field(default="default", metadata={"help": "'default' (study model) or 'smoke' (tiny model, fast warm start)"})
     threads: int = field(default=1, metadata={"help": "torch threads (1 is fastest for this model size)"})
     debug_nan_step: int = field(default=-1, metadata={"help": "testing only: make the policy loss NaN at this step"})
     minibatches: int = field(default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"})
     critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
     critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
     critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
-    policy_lambda: float | str | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
-    family: str = field(default="add", metadata={"help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain with a scratchpad)", "choices": ["add", "chain"]})
+    policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
+    family: Literal["add", "chain"] = field(default="add", metadata={"help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain with a scratchpad)"})
     min_terms: int = field(default=2, metadata={"help": "chain: fewest operands per problem"})
     max_terms: int = field(default=4, metadata={"help": "chain: most operands per problem (mixed lengths = mixed difficulty)"})
     direct_frac: float = field(default=0.0, metadata={"help": "chain: fraction of warm-start examples answered without the scratchpad"})
     sft_noise: float | None = field(default=None, metadata={"help": "warm-start label noise (None: the preset's, 0.6 of answers for add, 0.3 per step for chain)"})
-    dis_form: str = field(default="direct", metadata={"help": "DIS loss form: 'direct' (ratio to the behaviour policy, the paper's) or 'decoupled' (AReaL's: band on proximal/behaviour, PPO clip on policy/proximal; differs from direct when minibatches > 1)", "choices": list(POLICY_FORMS)})
-    behav_dtype: str = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)", "choices": ["float32", "bfloat16"]})
+    dis_form: Literal[POLICY_FORMS] = field(default="direct", metadata={"help": "DIS loss form: 'direct' (ratio to the behaviour policy, the paper's) or 'decoupled' (AReaL's: band on proximal/behaviour, PPO clip on policy/proximal; differs from direct when minibatches > 1)"})
+    behav_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)"})
 
     def __post_init__(self):
         self._check_numbers()
         if self.setting not in list_settings():
             raise ValueError(f"unknown setting {self.setting!r}; valid settings: {', '.join(list_settings())}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; valid backends: {', '.join(BACKENDS)}")
-        if self.preset not in ("default", "smoke"):
-            raise ValueError(f"preset={self.preset!r}: use 'default' or 'smoke'")
+        self._check_choices()
         g = get_setting(self.setting).group_size
         if self.traj_per_step % g:
             raise ValueError(f"traj_per_step={self.traj_per_step} must be a multiple of {self.setting}'s group size {g}")
@@ -91,8 +90,6 @@ class MiniRunConfig:
             raise ValueError(f"critic_width={self.critic_width} must be >= 1 (or None for the policy's width)")
         if self.critic_width is not None and self.critic_width % self.model().n_heads:
             raise ValueError(f"critic_width={self.critic_width} must be a multiple of n_heads={self.model().n_heads}")
-        if self.dis_form not in POLICY_FORMS:
-            raise ValueError(f"dis_form={self.dis_form!r}: use one of {', '.join(POLICY_FORMS)}")
 
     def effective_setting(self) -> Setting:
         "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda) applied."
@@ -148,3 +145,21 @@ def _check_numbers(self: MiniRunConfig):
         v = getattr(self, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name}={v!r}: must be a whole number >= {lo}")
+
+# %% ../../nbs/28_mini.config.ipynb #9b2f6d15
+def _literal_choices(tp) -> tuple | None:
+    "The values of a `Literal[...]` type (also inside `X | None`), else None."
+    if get_origin(tp) is Literal:
+        return get_args(tp)
+    args = [a for a in get_args(tp) if a is not type(None)]
+    return get_args(args[0]) if len(args) == 1 and get_origin(args[0]) is Literal else None
+
+_CHOICES = {n: ch for n, tp in get_type_hints(MiniRunConfig).items() if (ch := _literal_choices(tp))}
+
+@patch
+def _check_choices(self: MiniRunConfig):
+    "Each `Literal` field holds one of its values."
+    for name, choices in _CHOICES.items():
+        v = getattr(self, name)
+        if v not in choices and not (v is None and None in choices):
+            raise ValueError(f"{name}={v!r}: use one of {', '.join(map(str, choices))}")

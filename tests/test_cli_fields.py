@@ -1,0 +1,150 @@
+"""The testbed command line is `MiniRunConfig`: every field is a flag of `sao-repro run` (and of `compare`), every sweep
+key is a field, and a bad choice is refused with exit 2 naming the choices (sao_repro.mini.cli, sao_repro.mini.sweep)."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Literal, get_args, get_origin, get_type_hints
+
+import pytest
+import yaml
+
+import sao_repro.mini.cli as mcli
+from sao_repro.cli import main
+from sao_repro.mini.config import MiniRunConfig
+from sao_repro.mini.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+HINTS = get_type_hints(MiniRunConfig)
+FIELDS = [f.name for f in fields(MiniRunConfig)]
+# values the generic rule below cannot pick (no default to step from, or a constrained string)
+OTHER = {"setting": "grpo", "ops": "+-", "out": "elsewhere", "critic_warmup": 5, "critic_k": 3, "critic_width": 32,
+         "policy_lambda": 0.9, "sft_noise": 0.2, "debug_nan_step": 2}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def literal_choices(tp):
+    return get_args(tp) if get_origin(tp) is Literal else None
+
+
+def other_value(name: str):
+    "A valid value of field NAME that is not its default."
+    if name in OTHER:
+        return OTHER[name]
+    default = getattr(MiniRunConfig(), name)
+    if literal_choices(HINTS[name]):
+        return next(c for c in literal_choices(HINTS[name]) if c != default)
+    assert type(default) in (int, float), f"{name}: add a non-default value to OTHER"
+    return default + 1 if type(default) is int else default + 0.5
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    "Run `sao-repro run` up to the config it would train (or the cluster launch it would make), without training."
+    seen = {}
+    monkeypatch.setattr(mcli, "train_run", lambda cfg, **kw: seen.setdefault("config", cfg) and Path(cfg.out))
+    monkeypatch.setattr(mcli, "read_metrics", lambda d: [])
+    monkeypatch.setattr(mcli, "_run_areal", lambda *a: seen.setdefault("areal", a) and Path("."))
+    return seen
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_reaches_sao_repro_run(name, captured):
+    value = other_value(name)
+    assert value != getattr(MiniRunConfig(), name)
+    argv = ["run", *(["--setting", "sao"] if name != "setting" else []), flag(name), str(value)]
+    assert main(argv) == 0
+    if name == "backend":  # the cluster backend goes to its launcher
+        assert captured["areal"][0] == "sao"
+        return
+    assert getattr(captured["config"], name) == value
+
+
+@pytest.mark.parametrize("name", [n for n in FIELDS if n not in ("setting", "seed")])
+def test_every_field_but_setting_and_seed_is_a_compare_option(name):
+    value = other_value(name)
+    a, ov = mcli.compare_options([flag(name), str(value)])
+    assert getattr(a, name) == value
+    assert name in ("steps", "backend", "out") or ov == {name: value}  # the others reach every run as overrides
+
+
+def test_help_lists_every_field_once(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in FIELDS:
+        assert len(re.findall(rf"{re.escape(flag(name))}\b(?!-)", out)) == 1, name
+    for f in fields(MiniRunConfig):  # the help is the field's own (its first words; the box wraps the rest)
+        assert " ".join(f.metadata["help"].split()[:2]) in " ".join(out.split()), f.name
+
+
+def test_smoke_defaults_and_the_study_flags():
+    "The Makefile's study flags parse; with --smoke only what differs from the smoke preset is an override."
+    study = re.search(r"^STUDY \?= (.*)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    a, ov = mcli.compare_options(["--seeds", "3", "--out", "runs", "--jobs", "2", *shlex.split(study)])
+    assert (a.seeds, a.out, a.jobs) == (3, "runs", 2)
+    assert ov == {"family": "chain", "ops": "+-", "difficulty": 1, "lr": 2e-4}  # min/max terms 2/4 are the defaults
+    a, ov = mcli.run_options(["--setting", "grpo", "--smoke", "--eval-every", "2", "--lag", "0"])
+    assert (a.preset, a.eval_every, a.steps, ov) == ("smoke", 2, 4, {"lag": 0})
+    assert mcli.run_options(["--setting", "sao"])[0].steps == MiniRunConfig.steps
+
+
+# ---------------------------------------------------------------- sweep keys
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_sweep_keys_are_run_options(path):
+    d = yaml.safe_load(path.read_text())
+    keys = set(d.get("base", {})) | set(d.get("grid", {}))
+    assert keys <= set(FIELDS), sorted(keys - set(FIELDS))
+    load_sweep(path)  # and every point builds
+
+
+@pytest.mark.parametrize("part", ["base", "grid"])
+def test_sweep_unknown_key_is_refused_by_name(part):
+    d = {"name": "x", "settings": ["sao"], "seeds": 1, "steps": 2, part: {"lrr": [1] if part == "grid" else 1}}
+    with pytest.raises(ValueError, match=r"unknown run option\(s\) \['lrr'\]"):
+        load_sweep(d)
+
+
+def test_sweep_bad_choice_names_the_choices():
+    with pytest.raises(ValueError, match="family='tree': use one of add, chain"):
+        load_sweep({"name": "x", "settings": ["sao"], "seeds": 1, "steps": 2, "grid": {"family": ["chain", "tree"]}})
+
+
+# ---------------------------------------------------------------- bad choices
+@pytest.mark.parametrize("name", [n for n in FIELDS if literal_choices(HINTS[n])])
+def test_bad_choice_exits_2_naming_the_choices(name, capsys, tmp_path):
+    for argv in (["run", "--setting", "sao"], ["compare"]):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--out", str(tmp_path / "o"), flag(name), "nope"])
+        assert e.value.code == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert flag(name) in err and "nope" in err
+        assert all(repr(c) in err for c in literal_choices(HINTS[name])), err
+    with pytest.raises(ValueError, match=f"{name}='nope': use one of {', '.join(literal_choices(HINTS[name]))}"):
+        MiniRunConfig(**{name: "nope"})  # the same check from Python, a sweep file or a notebook
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_choice_exit_code_of_the_command():
+    "The real `sao-repro run` process: exit 2, the option and its choices on stderr, no traceback."
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "run", "--setting", "sao", "--lag-mode", "sometimes"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2
+    assert "--lag-mode" in p.stderr and "'fixed'" in p.stderr and "'random'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_reports_run_command_reproduces_the_config(captured):
+    "The `sao-repro run` line the report prints for a run folder parses back to that run's config."
+    from dataclasses import asdict
+    from sao_repro.report.text import run_command
+    cfg = MiniRunConfig(**{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads")})
+    assert main(shlex.split(run_command(asdict(cfg)))[1:]) == 0
+    assert asdict(captured["config"]) == asdict(cfg)
