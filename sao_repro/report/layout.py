@@ -94,6 +94,10 @@ def module_map(root=".") -> list[dict]:
 def _gh(nb:str) -> str:
     return nb
 
+def _cell(text:str) -> str:
+    "Text safe in a Markdown table cell (a `|` would end the cell)."
+    return text.replace("|", "\\|")
+
 def module_table(root=".", link=_gh) -> str:
     "The layout page: per layer, a table of its modules with their notebooks' titles and subtitles."
     rows, out = module_map(root), []
@@ -101,7 +105,7 @@ def module_table(root=".", link=_gh) -> str:
         mine = [r for r in rows if r["layer"] == label]
         out += [f"### {label}: {LAYER_NAMES.get(label, '')}".rstrip(": "), "", "| module | notebook | what it is |",
                 "|---|---|---|"]
-        out += [f"| `sao_repro.{r['module']}` | [{r['title']}]({link(r['notebook'])}) | {r['subtitle']} |" for r in mine]
+        out += [f"| `sao_repro.{r['module']}` | [{_cell(r['title'])}]({link(r['notebook'])}) | {_cell(r['subtitle'])} |" for r in mine]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
