@@ -65,11 +65,8 @@ def run_task(notebook: str, # the run notebook's text
             ) -> dict:
     "Execute one run in a private folder; returns {node, error, folder (packed), seconds}, also when the run failed."
     t0 = time.time()
-    try:
-        import ray
-        node = ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 -- called outside Ray (tests, the benchmark)
-        node = None
+    import ray
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None  # None: called outside Ray
     with tempfile.TemporaryDirectory(prefix="sao-ray-run-") as tmp:
         tmp = Path(tmp)
         unpack_into(start[1], tmp / "cache" / "mini" / start[0])
@@ -78,12 +75,16 @@ def run_task(notebook: str, # the run notebook's text
             unpack_into(folder, run_dir)
         nb = tmp / "run_setting.ipynb"
         nb.write_text(notebook)
-        os.environ.update(SAO_REPRO_CACHE=str(tmp / "cache"), OMP_NUM_THREADS="1")  # the kernel inherits both
-        error = None
+        env = {"SAO_REPRO_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}  # the kernel inherits both
+        saved, error = {k: os.environ.get(k) for k in env}, None
+        os.environ.update(env)
         try:
             run_notebook(nb, run_dir / "run_setting.ipynb", {**params, "out_dir": str(tmp / "out")}, cwd=str(tmp))
         except Exception as e:  # noqa: BLE001 -- sent back with the run folder, reported by the driver
             error = f"{type(e).__name__}: {e}"
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         packed = pack_dir(run_dir) if run_dir.exists() else None
     return {"node": node, "error": error, "folder": packed, "seconds": round(time.time() - t0, 2)}
 
