@@ -1,6 +1,7 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,33 @@ from sao_repro.mini.train import read_metrics
 from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
+
+
+def free_ports() -> dict:
+    "Agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine."
+    out = {}
+    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out[name] = s.getsockname()[1]
+    return out
+
+
+def start_cluster(Cluster, tries=3):
+    "A head and a worker node of 1 CPU each, with their own resources (a start that times out on a loaded machine is retried)."
+    for i in range(tries):
+        cluster = None
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1},
+                                                                    "include_dashboard": False, **free_ports()})
+            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, **free_ports())
+            cluster.wait_for_nodes()
+            return cluster, worker
+        except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
+            if i == tries - 1:
+                raise
+            if cluster is not None:
+                cluster.shutdown()
 
 
 def events(run_dir):
@@ -50,9 +78,7 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     cfg = tmp_path / "two.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1}})
-    worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1})
-    cluster.wait_for_nodes()
+    cluster, worker = start_cluster(Cluster)
     root = tmp_path / "ray" / "sweeps" / "two" / "base" / "mini"
     rc = {}
     th = threading.Thread(target=lambda: rc.setdefault("rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"),

@@ -91,7 +91,7 @@ def run_task(notebook: str, # the run notebook's text
 # %% ../../nbs/33a_mini.cluster.ipynb #3f38c04b
 ATTEMPTS_FILE = "ray_attempts.jsonl"
 
-def ray_connect(address: str = "auto"):
+def ray_connect(address: str = "auto", num_cpus: int | None = None):
     "Connect this process to Ray (`local`: start a private instance); workers import the same sao_repro."
     import ray
     import sao_repro
@@ -99,7 +99,8 @@ def ray_connect(address: str = "auto"):
         return ray
     root = str(Path(sao_repro.__file__).resolve().parent.parent)
     path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
-    ray.init(address=None if address == "local" else address, runtime_env={"env_vars": {"PYTHONPATH": path}},
+    local = {"num_cpus": num_cpus} if address == "local" else {}
+    ray.init(address=None if address == "local" else address, **local, runtime_env={"env_vars": {"PYTHONPATH": path}},
              log_to_driver=False, configure_logging=False)
     return ray
 
