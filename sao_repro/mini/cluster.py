@@ -28,7 +28,7 @@ def pack_dir(d) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tf:
         for p in sorted(Path(d).rglob("*")):
-            if p.is_file() and p.suffix != ".lock":
+            if p.is_file() and not p.name.endswith(".lock"):
                 tf.add(p, arcname=str(p.relative_to(d)), recursive=False)
     return buf.getvalue()
 
