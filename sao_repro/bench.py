@@ -21,7 +21,7 @@ __all__ = ['BENCHES', 'timeit', 'rl_batch', 'bench_gae', 'main']
 BENCHES: dict[str, str] = {
     "gae": "sao_repro.bench:bench_gae",
     "mini": "sao_repro.mini.bench:main",
-    "sweep": "sao_repro.mini.bench:bench_sweep",
+    "sweep": "sao_repro.mini.bench:sweep_main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
     "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal",

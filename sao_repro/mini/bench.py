@@ -23,7 +23,7 @@ from ..runconfig import repo_dir
 from ..settings import list_settings
 
 # %% auto #0
-__all__ = ['STUDY_OPTIONS', 'checkout', 'bench_steps', 'bench_warm_start', 'bench_parser', 'main', 'bench_sweep']
+__all__ = ['STUDY_OPTIONS', 'checkout', 'bench_steps', 'bench_warm_start', 'bench_parser', 'main', 'bench_sweep', 'sweep_main']
 
 # %% ../../nbs/34_mini.bench.ipynb #e1a92a90
 STUDY_OPTIONS = {  # the run options of each family's study (README: the default study, the addition study)
@@ -219,12 +219,17 @@ def bench_sweep(argv:list[str]|None=None) -> list[dict]:
             os.environ.pop("SAO_REPRO_CACHE") if old is None else os.environ.__setitem__("SAO_REPRO_CACHE", old)
     print(f"python -m sao_repro.bench sweep: {n} smoke runs of {a.steps} steps, {a.cpus} CPUs, {os.cpu_count()} cores")
     print(_fmt_table(["path", "runs", "CPUs", "wall s", "CPU-s per run", "ratio to local pool"],
-                     [[r["path"], n, a.cpus, f"{r['wall_s']:.1f}", f"{r['cpu_s_per_run']:.1f}" if r["cpu_s_per_run"] else "-",
+                     [[r["path"], str(n) if r["ratio"] else "", str(a.cpus), f"{r['wall_s']:.1f}", f"{r['cpu_s_per_run']:.1f}" if r["cpu_s_per_run"] else "-",
                        f"{r['ratio']:.2f}" if r["ratio"] else "-"] for r in rows]))
     per = rows[1]["cpu_s_per_run"]
     print("\nprojected wall time of a 50-run sweep on the Ray path: " + ", ".join(
         f"{c} CPUs {math.ceil(50 / c) * per:.0f} s" for c in (2, 16, 64, 256)))
     return rows
+
+def sweep_main(argv:list[str]|None=None) -> int:
+    "`python -m sao_repro.bench sweep`: exit 0 after printing the table."
+    bench_sweep(argv)
+    return 0
 
 # %% ../../nbs/34_mini.bench.ipynb #456d1e48
 def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
