@@ -93,7 +93,11 @@ ATTEMPTS_FILE = "ray_attempts.jsonl"
 
 def ray_connect(address: str = "auto", num_cpus: int | None = None):
     "Connect this process to Ray (`local`: start a private instance); workers import the same sao_repro."
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray needs Ray on this machine and on every node: pip install 'ray[default]' "
+                           "(or the package's cluster extra)") from None
     import sao_repro
     if ray.is_initialized():
         return ray
