@@ -103,10 +103,18 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
         return ray
     root = str(Path(sao_repro.__file__).resolve().parent.parent)
     path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
-    local = {"num_cpus": num_cpus} if address == "local" else {}
-    ray.init(address=None if address == "local" else address, **local, runtime_env={"env_vars": {"PYTHONPATH": path}},
-             log_to_driver=False, configure_logging=False)
-    return ray
+    kw = dict(runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False, configure_logging=False)
+    if address != "local":
+        ray.init(address=address, **kw)
+        return ray
+    for attempt in range(3):  # a node start times out (30 s, fixed in Ray) while a loaded machine starts its agents
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
+            return ray
+        except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
+            ray.shutdown()
+            if attempt == 2:
+                raise
 
 def _other_node(ray, node):
     "A scheduling strategy preferring an alive node other than `node` (soft: any node when there is none)."
