@@ -21,6 +21,7 @@ __all__ = ['BENCHES', 'timeit', 'rl_batch', 'bench_gae', 'main']
 BENCHES: dict[str, str] = {
     "gae": "sao_repro.bench:bench_gae",
     "mini": "sao_repro.mini.bench:main",
+    "sweep": "sao_repro.mini.bench:sweep_main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
     "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal",
@@ -82,7 +83,7 @@ def main(argv:list[str]|None=None) -> int:
     a = p.parse_args(argv)
     mod, fn = BENCHES[a.name].split(":")
     f = getattr(importlib.import_module(mod), fn)
-    return (f(a.options) if a.name == "mini" else f()) or 0
+    return (f(a.options) if a.name in ("mini", "sweep") else f()) or 0
 
 # %% ../nbs/91_bench.ipynb #d40fa2f7
 if __name__ == "__main__":

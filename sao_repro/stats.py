@@ -1,4 +1,4 @@
-"""Means over seeds with Student-t confidence intervals, their display, and effects paired by seed.
+"""Means over seeds with Student-t confidence intervals, their display, effects paired by seed, and the interquartile mean and probability of improvement with stratified-bootstrap intervals.
 
 Docs: https://sao-repro.github.io/sao-repro/stats.html.md"""
 
@@ -10,7 +10,7 @@ import math
 
 
 # %% auto #0
-__all__ = ['mean_ci', 'fmt_ci', 'paired_effect']
+__all__ = ['SCALED_MIN_SEEDS', 'mean_ci', 'fmt_ci', 'paired_effect', 'iqm_ci', 'prob_improvement', 'fmt_interval']
 
 # %% ../nbs/04_stats.ipynb #5c09ec80
 def mean_ci(xs, # values, one per seed (None / NaN are dropped)
@@ -41,3 +41,54 @@ def paired_effect(a: dict, # seed -> value of setting A (e.g. end accuracy)
                  ) -> tuple[float, float, int]:
     "Mean of the per-seed differences A - B, its 95% CI half-width (Student t) and the number of pairs."
     return mean_ci([a[k] - b[k] for k in sorted(set(a) & set(b))])
+
+# %% ../nbs/04_stats.ipynb #79752502
+SCALED_MIN_SEEDS = 5  # the sweep tables show IQM and P(A > B) from this many seeds on
+
+def _finite(xs) -> list[float]:
+    return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+
+def _iqm(x, axis=-1):
+    from scipy.stats import trim_mean
+    return trim_mean(x, 0.25, axis=axis)
+
+def _poi(a, b, axis=-1):
+    import numpy as np
+    a, b = np.moveaxis(np.asarray(a), axis, -1), np.moveaxis(np.asarray(b), axis, -1)
+    d = a[..., :, None] - b[..., None, :]
+    return ((d > 0) + 0.5 * (d == 0)).mean(axis=(-2, -1))
+
+# %% ../nbs/04_stats.ipynb #379ddb11
+def _boot(stat, samples, level, n_resamples, seed) -> tuple[float, float]:
+    from scipy.stats import bootstrap
+    r = bootstrap(samples, stat, vectorized=True, paired=False, confidence_level=level, n_resamples=n_resamples,
+                  method="percentile", random_state=seed)
+    return float(r.confidence_interval.low), float(r.confidence_interval.high)
+
+def iqm_ci(xs, # values, one per seed (None / NaN are dropped)
+           level:float=0.95, n_resamples:int=2000, seed:int=0) -> tuple[float, float, float, int]:
+    "Interquartile mean, its bootstrap interval (low, high; NaN under 2 values) and the count."
+    v = _finite(xs)
+    if not v:
+        return float("nan"), float("nan"), float("nan"), 0
+    m = float(_iqm(v))
+    lo, hi = _boot(_iqm, (v,), level, n_resamples, seed) if len(v) >= 2 else (float("nan"), float("nan"))
+    return m, lo, hi, len(v)
+
+def prob_improvement(a, # values of setting A, one per seed
+                     b, # values of setting B
+                     level:float=0.95, n_resamples:int=2000, seed:int=0) -> tuple[float, float, float, int]:
+    "P(a run of A ends above a run of B), its stratified-bootstrap interval (low, high) and min(n_A, n_B)."
+    a, b = _finite(a), _finite(b)
+    if not a or not b:
+        return float("nan"), float("nan"), float("nan"), 0
+    p = float(_poi(a, b))
+    lo, hi = _boot(_poi, (a, b), level, n_resamples, seed) if min(len(a), len(b)) >= 2 else (float("nan"), float("nan"))
+    return p, lo, hi, min(len(a), len(b))
+
+def fmt_interval(m:float, lo:float, hi:float, digits:int=3) -> str:
+    "`m [lo, hi]` (just `m` without an interval, `-` when `m` is NaN)."
+    if m is None or not math.isfinite(m):
+        return "-"
+    ok = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+    return f"{m:.{digits}f}" + (f" [{lo:.{digits}f}, {hi:.{digits}f}]" if ok else "")

@@ -8,6 +8,8 @@ Docs: https://sao-repro.github.io/sao-repro/mini.bench.html.md"""
 from __future__ import annotations
 import argparse
 import contextlib
+import io
+import math
 import json
 import os
 import statistics
@@ -21,7 +23,7 @@ from ..runconfig import repo_dir
 from ..settings import list_settings
 
 # %% auto #0
-__all__ = ['STUDY_OPTIONS', 'checkout', 'bench_steps', 'bench_warm_start', 'bench_parser', 'main']
+__all__ = ['STUDY_OPTIONS', 'checkout', 'bench_steps', 'bench_warm_start', 'bench_parser', 'main', 'bench_sweep', 'sweep_main']
 
 # %% ../../nbs/34_mini.bench.ipynb #e1a92a90
 STUDY_OPTIONS = {  # the run options of each family's study (README: the default study, the addition study)
@@ -182,3 +184,69 @@ def main(argv:list[str]|None=None) -> int:
             bench_warm_start(a.family, a.warm_steps, baseline=base, rounds=a.rounds)
     print(f"\n({time.time() - t0:.0f} s)")
     return 0
+
+# %% ../../nbs/34_mini.bench.ipynb #00a37f16
+def _timed_sweep(cfg: Path, out: Path, extra: list[str]) -> float:
+    from sao_repro.mini.sweep import sweep_main
+    t = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rc = sweep_main([str(cfg), "--out", str(out), *extra])
+    if rc != 0:
+        raise RuntimeError(f"the benchmark sweep failed (exit {rc}) in {out}")
+    return time.perf_counter() - t
+
+def bench_sweep(argv:list[str]|None=None) -> list[dict]:
+    "`python -m sao_repro.bench sweep [--runs N] [--steps S] [--cpus C]`: prints the table; returns its rows."
+    p = argparse.ArgumentParser(prog="python -m sao_repro.bench sweep", description="The Ray path of `sao-repro sweep` "
+                                "against the local pool: the same runs, side by side.")
+    p.add_argument("--runs", type=int, default=8, help="runs per path (even; default 8)")
+    p.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
+    p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs for both paths (default: this machine's)")
+    a = p.parse_args(argv)
+    base = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 10, "ckpt_every": 10}
+    sweep = {"name": "bench", "settings": ["single_dis", "running_mean"], "seeds": max(1, a.runs // 2), "steps": a.steps,
+             "window": 5, "base": base}
+    n = 2 * sweep["seeds"]
+    with tempfile.TemporaryDirectory() as td:
+        td = Path(td)
+        cfg = td / "bench.yaml"
+        cfg.write_text(json.dumps(sweep))
+        old = os.environ.get("SAO_REPRO_CACHE")
+        os.environ["SAO_REPRO_CACHE"] = str(td / "cache")
+        try:
+            rows = _bench_sweep_rows(cfg, td, n, a.cpus)
+        finally:
+            os.environ.pop("SAO_REPRO_CACHE") if old is None else os.environ.__setitem__("SAO_REPRO_CACHE", old)
+    print(f"python -m sao_repro.bench sweep: {n} smoke runs of {a.steps} steps, {a.cpus} CPUs, {os.cpu_count()} cores")
+    print(_fmt_table(["path", "runs", "CPUs", "wall s", "CPU-s per run", "ratio to local pool"],
+                     [[r["path"], str(n) if r["ratio"] else "", str(a.cpus), f"{r['wall_s']:.1f}", f"{r['cpu_s_per_run']:.1f}" if r["cpu_s_per_run"] else "-",
+                       f"{r['ratio']:.2f}" if r["ratio"] else "-"] for r in rows]))
+    per = rows[1]["cpu_s_per_run"]
+    print("\nprojected wall time of a 50-run sweep on the Ray path: " + ", ".join(
+        f"{c} CPUs {math.ceil(50 / c) * per:.0f} s" for c in (2, 16, 64, 256)))
+    return rows
+
+def sweep_main(argv:list[str]|None=None) -> int:
+    "`python -m sao_repro.bench sweep`: exit 0 after printing the table."
+    bench_sweep(argv)
+    return 0
+
+# %% ../../nbs/34_mini.bench.ipynb #456d1e48
+def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
+    from sao_repro.mini.cli import make_config
+    from sao_repro.mini.cluster import ray_connect, start_blobs
+    from sao_repro.mini.sweep import load_sweep
+    sc = load_sweep(cfg)
+    start_blobs([make_config(s, 0, sc.steps, overrides=sc.base) for s in sc.settings], log=None)  # built before timing
+    local = _timed_sweep(cfg, td / "local", ["--jobs", str(cpus)])
+    t = time.perf_counter()
+    ray = ray_connect("local", num_cpus=cpus)
+    ray_start = time.perf_counter() - t
+    try:
+        on_ray = _timed_sweep(cfg, td / "ray", ["--ray", "local"])
+    finally:
+        ray.shutdown()
+    per = lambda w: w * cpus / n
+    return [{"path": f"local pool (--jobs {cpus})", "wall_s": local, "cpu_s_per_run": per(local), "ratio": 1.0},
+            {"path": "Ray tasks (--ray)", "wall_s": on_ray, "cpu_s_per_run": per(on_ray), "ratio": on_ray / local},
+            {"path": "Ray start (once per cluster)", "wall_s": ray_start, "cpu_s_per_run": None, "ratio": None}]

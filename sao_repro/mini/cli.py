@@ -29,8 +29,8 @@ from .summary import format_summary, point_summary, run_windows, study_tables, s
 # %% auto #0
 __all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'RunCommand', 'setting_choice',
            'command_options', 'parse_command', 'run_overrides', 'run_options', 'run_main', 'find_run_notebook',
-           'check_parameters_cell', 'execute_run', 'CompareCommand', 'compare_options', 'prebuild_warm_start',
-           'compare_main']
+           'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand', 'compare_options',
+           'prebuild_warm_start', 'compare_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
@@ -225,6 +225,17 @@ def check_parameters_cell(notebook: Path):
         raise ValueError(f"{notebook} has no cell tagged 'parameters' (a notebook cleaner may have stripped "
                          "cell tags); restore the tag before running compare")
 
+def run_params(setting: str, seed: int, steps: int | None, backend: str, out: str, smoke: bool, overrides: dict,
+               resume: bool = False, overwrite: bool = False) -> dict:
+    "The run notebook's papermill parameters for one (setting, seed) (`out`: made absolute)."
+    params = {"setting": setting, "seed": seed, "steps": steps if steps is not None else MiniRunConfig.steps,
+              "backend": backend, "out_dir": str(Path(out).resolve()), "smoke": smoke, "overrides": overrides}
+    if resume:
+        params["resume"] = True
+    if overwrite:
+        params["overwrite"] = True
+    return params
+
 def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, backend: str, out: str,
                 smoke: bool, overrides: dict, resume: bool = False, overwrite: bool = False) -> Path:
     "Execute the run notebook for one (setting, seed); the executed copy lands in the run folder (`resume`: continue it)."
@@ -233,12 +244,7 @@ def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, back
     if backend == "mini" and not resume:
         check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
     run_dir.mkdir(parents=True, exist_ok=True)
-    params = {"setting": setting, "seed": seed, "steps": steps if steps is not None else MiniRunConfig.steps,
-              "backend": backend, "out_dir": str(out), "smoke": smoke, "overrides": overrides}
-    if resume:
-        params["resume"] = True
-    if overwrite:
-        params["overwrite"] = True
+    params = run_params(setting, seed, steps, backend, str(out), smoke, overrides, resume, overwrite)
     run_notebook(Path(notebook).resolve(), run_dir / "run_setting.ipynb", params)
     return run_dir
 
@@ -253,6 +259,8 @@ class CompareCommand:
     notebook: str | None = field(default=None, metadata={"help": "run notebook (None: experiments/run_setting.ipynb)"})
     overwrite: bool = _switch("run every (setting, seed) again from scratch, replacing finished and partial runs "
                               "(without it: finished runs are skipped, partial ones resumed)")
+    ray: str | None = field(default=None, metadata={"help": "run each (setting, seed) as a Ray task: 'auto' (the running "
+                            "cluster), an address, or 'local' (a Ray instance on this machine); --jobs is then unused"})
     smoke: bool = _switch("seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
 
     def __post_init__(self):
@@ -294,30 +302,61 @@ def prebuild_warm_start(a, ov):
         warm_start(cfg.task(), cfg.model(), cfg.pretrain())
         return
 
+def _compare_local(a, ov, nb, todo, bar) -> list[tuple]:
+    "The runs `todo` in a local thread pool of `a.jobs`; returns the failed (setting, seed, error)."
+    failed = []
+    with ThreadPoolExecutor(max(1, a.jobs)) as ex:
+        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite): (s, k)
+                for s, k, st in todo}
+        for f in as_completed(futs):
+            s, k = futs[f]
+            if f.exception() is not None:
+                failed.append((s, k, f.exception()))
+                bar.write(f"FAILED {s} seed{k}: {str(f.exception()).strip().splitlines()[-1][:300]}")
+            bar.update(1)
+    return failed
+
+def _compare_on_ray(a, ov, nb, todo, bar) -> list[tuple]:
+    "The runs `todo` as Ray tasks (`sao_repro.mini.cluster`); returns the failed (setting, seed, error)."
+    from sao_repro.mini.cluster import run_on_ray
+    if a.backend != "mini":
+        raise ValueError("--ray runs the CPU testbed (backend mini)")
+    jobs, failed = [], []
+    for s, k, st in todo:
+        try:
+            cfg = make_config(s, k, a.steps, a.backend, a.out, a.smoke, ov)
+        except ValueError as e:  # reported like a failed run, as the local pool does
+            failed.append((s, k, e))
+            bar.update(1)
+            continue
+        jobs.append({"name": f"{s} seed{k}", "setting": s, "seed": k, "cfg": cfg,
+                     "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
+                     "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite)})
+    return failed + [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
+
 def compare_main(argv: list[str] | None = None) -> int:
     "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed)."
     from tqdm.auto import tqdm
     a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
+    if a.ray is not None and a.backend != "mini":
+        print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
+        return 2
     jobs = [(s, k, _compare_state(a, ov, s, k)) for s in a.settings for k in range(a.seeds)]
     done = [(s, k) for s, k, st in jobs if st == "done"]
     if done:
         print(f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
               + ", ".join(f"{s} seed{k}" for s, k in done))
     t0 = time.time()
-    if a.backend == "mini" and len(done) < len(jobs):
-        prebuild_warm_start(a, ov)
-    failed = []
-    with ThreadPoolExecutor(max(1, a.jobs)) as ex, tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
-        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite): (s, k)
-                for s, k, st in jobs if st != "done"}
-        for f in as_completed(futs):
-            s, k = futs[f]
-            if f.exception() is not None:
-                failed.append((s, k, f.exception()))
-                tqdm.write(f"FAILED {s} seed{k}: {str(f.exception()).strip().splitlines()[-1][:300]}")
-            bar.update(1)
+    todo = [(s, k, st) for s, k, st in jobs if st != "done"]
+    with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
+        if a.ray is not None:
+            failed = _compare_on_ray(a, ov, nb, todo, bar)
+        else:
+            if a.backend == "mini" and todo:
+                prebuild_warm_start(a, ov)
+            failed = _compare_local(a, ov, nb, todo, bar)
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
     table = format_summary(rows)
     if a.backend == "mini":  # effects paired by seed and the phenomena verdicts, as `sao-repro sweep` prints them

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from .runfolder import read_metrics
-from ..stats import fmt_ci, mean_ci, paired_effect
+from ..stats import SCALED_MIN_SEEDS, fmt_ci, fmt_interval, iqm_ci, mean_ci, paired_effect, prob_improvement
 
 # %% auto #0
 __all__ = ['EFFECT_PAIRS', 'run_windows', 'summarize', 'format_summary', 'point_summary', 'json_ready', 'format_results',
-           'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'study_tables']
+           'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'format_scaled', 'study_tables']
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
@@ -86,12 +86,18 @@ def point_summary(root: Path, # a runs folder: <root>/mini/<setting>/seed<k>/
     rows = summarize(str(root), settings, seeds, "mini", window)
     for r in rows:
         r["eval_delta"], r["eval_delta_ci"] = _heldout_change(root, r["setting"], seeds, window)
+        for part, name in (("end", "iqm_end"), ("eval_end", "iqm_eval_end")):
+            r[name], r[f"{name}_lo"], r[f"{name}_hi"], _ = iqm_ci(_ends(root, r["setting"], seeds, window, part).values())
     effects = []
     for kind, a, b in EFFECT_PAIRS:
         if a in settings and b in settings:
             m, h, n = paired_effect(_ends(root, a, seeds, window), _ends(root, b, seeds, window))
             em, eh, _ = paired_effect(*(_ends(root, x, seeds, window, "eval_end") for x in (a, b)))
-            effects.append({"kind": kind, "pair": f"{a} - {b}", "mean": m, "ci": h, "n": n, "heldout_mean": em, "heldout_ci": eh})
+            e = {"kind": kind, "pair": f"{a} - {b}", "mean": m, "ci": h, "n": n, "heldout_mean": em, "heldout_ci": eh}
+            for part, name in (("end", "poi"), ("eval_end", "heldout_poi")):
+                xa, xb = (_ends(root, x, seeds, window, part).values() for x in (a, b))
+                e[name], e[f"{name}_lo"], e[f"{name}_hi"], _ = prob_improvement(xa, xb)
+            effects.append(e)
     return {"settings": rows, "effects": effects}
 
 def json_ready(x):
@@ -191,8 +197,33 @@ def format_forms(res: dict) -> str:
                    f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |")
     return "\n".join(out)
 
+# %% ../../nbs/31_mini.summary.ipynb #4874cf10
+def _poi_verdict(lo, hi) -> str:
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return "A better" if lo > 0.5 else "B better" if hi < 0.5 else "not resolved"
+
+def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
+    "Markdown: IQM per point x setting and P(A > B) per effect, with bootstrap intervals ('' under `min_seeds` seeds)."
+    if max((r["n_seeds"] for p in res["points"] for r in p["settings"]), default=0) < min_seeds:
+        return ""
+    g = lambda d, k: (d.get(k), d.get(f"{k}_lo"), d.get(f"{k}_hi"))
+    out = ["### Many seeds: interquartile mean of end accuracy [95% stratified-bootstrap interval]", "",
+           "| point | setting | seeds | held-out IQM | online IQM |", "|---|---|---|---|---|"]
+    for p in res["points"]:
+        for r in p["settings"]:
+            out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_interval(*g(r, 'iqm_eval_end'))} | "
+                       f"{fmt_interval(*g(r, 'iqm_end'))} |")
+    out += ["", "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]", "",
+            "| point | pair A - B | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|"]
+    for p in res["points"]:
+        for e in p["effects"]:
+            out.append(f"| {p['label']} | {e['pair']} | {fmt_interval(*g(e, 'heldout_poi'))} | {_poi_verdict(*g(e, 'heldout_poi')[1:])} | "
+                       f"{fmt_interval(*g(e, 'poi'))} | {_poi_verdict(*g(e, 'poi')[1:])} |")
+    return "\n".join(out)
+
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
     "The end-accuracy, paired-effect and phenomena tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
-    forms = format_forms(res)
-    return format_results(res) + "\n\n" + format_phenomena(res) + ("\n\n" + forms if forms else "")
+    forms, scaled = format_forms(res), format_scaled(res)
+    return format_results(res) + "\n\n" + format_phenomena(res) + ("\n\n" + forms if forms else "") + ("\n\n" + scaled if scaled else "")

@@ -128,6 +128,9 @@ def sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="root folder; the sweep goes to <out>/sweeps/<name>/ (default: ./sweeps/<name>/, "
                    "kept apart from runs/ so that `sao-repro report --runs runs` does not mix sweep runs into the study)")
     p.add_argument("--jobs", type=int, default=2, help="runs executed side by side (default 2: one per core)")
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                   help="run each run as a Ray task: 'auto' (the running cluster; the default of a bare --ray), "
+                   "an address, or 'local' (a Ray instance on this machine); --jobs is then unused")
     p.add_argument("--notebook", default=None, help="run notebook (default experiments/run_setting.ipynb)")
     return p
 
@@ -143,6 +146,17 @@ def _run_jobs(nb: Path, sc: SweepConfig, todo: list[dict], n_jobs: int, bar) -> 
                 bar.write(f"FAILED {j['label']} {j['setting']} seed{j['seed']}: {str(f.exception()).strip().splitlines()[-1][:300]}")
             bar.update(1)
     return failed
+
+# %% ../../nbs/33_mini.sweep.ipynb #912c5543
+def _run_jobs_on_ray(nb: Path, sc: SweepConfig, todo: list[dict], address: str, bar) -> list[tuple[dict, str]]:
+    "The sweep's runs `todo` as Ray tasks (`sao_repro.mini.cluster.run_on_ray`); returns the failed (job, error)."
+    from sao_repro.mini.cluster import run_on_ray
+    from sao_repro.mini.cli import run_params
+    jobs = [{**j, "name": f"{j['label']} {j['setting']} seed{j['seed']}",
+             "cfg": make_config(j["setting"], j["seed"], sc.steps, overrides=j["overrides"]),
+             "params": run_params(j["setting"], j["seed"], sc.steps, "mini", j["out"], False, j["overrides"], j["state"] == "partial")}
+            for j in todo]
+    return run_on_ray(nb, jobs, address, bar)
 
 # %% ../../nbs/33_mini.sweep.ipynb #66b0d04c
 def sweep_main(argv: list[str] | None = None) -> int:
@@ -160,11 +174,11 @@ def sweep_main(argv: list[str] | None = None) -> int:
     print(f"sweep {sc.name}: {len(sc.points())} points x {len(sc.settings)} settings x {len(sc.seeds)} seeds = {len(jobs)} runs; "
           f"{len(jobs) - len(todo)} finished (skipped), {sum(j['state'] == 'partial' for j in todo)} to resume")
     t0 = time.time()
-    for point in sc.points():  # build each warm start once, before the parallel runs
+    for point in sc.points() if a.ray is None else []:  # build each warm start once, before the parallel runs
         prebuild_warm_start(SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
                   {**sc.base, **point})
     with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
-        failed = _run_jobs(nb, sc, todo, a.jobs, bar)
+        failed = _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
     res = sweep_results(sc, a.out)
     res["failed"] = [{"label": j["label"], "setting": j["setting"], "seed": j["seed"]} for j, _ in failed]
     table = study_tables(res)

@@ -1,0 +1,111 @@
+"""Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
+local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sao_repro.mini.cli import find_run_notebook, make_config, run_params, run_setting
+from sao_repro.mini.cluster import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.runfolder import run_state
+from sao_repro.mini.sweep import sweep_main
+from sao_repro.mini.train import read_metrics
+from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
+
+SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
+
+
+def free_ports() -> dict:
+    "Agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine."
+    out = {}
+    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out[name] = s.getsockname()[1]
+    return out
+
+
+def start_cluster(Cluster, tries=3):
+    "A head and a worker node of 1 CPU each, with their own resources (a start that times out on a loaded machine is retried)."
+    for i in range(tries):
+        cluster = None
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1},
+                                                                    "include_dashboard": False, **free_ports()})
+            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, **free_ports())
+            cluster.wait_for_nodes()
+            return cluster, worker
+        except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
+            if i == tries - 1:
+                raise
+            if cluster is not None:
+                cluster.shutdown()
+
+
+def events(run_dir):
+    return [l.split("\t")[1] for l in (Path(run_dir) / "events.log").read_text().splitlines()]
+
+
+def test_a_task_resumes_a_shipped_partial_run_exactly(tmp_path):
+    "run_task (outside Ray) resumes a packed 2-step run to 4 steps in a private folder; equals a local 4-step run."
+    nb = find_run_notebook()
+    local = run_setting("sao", 0, 4, out_dir=str(tmp_path / "local"), overrides=SMOKE, log=None)
+    part = run_setting("sao", 0, 2, out_dir=str(tmp_path / "part"), overrides=SMOKE, log=None)
+    assert run_state(part, 4) == "partial"
+    cfg = make_config("sao", 0, 4, overrides=SMOKE)
+    ((key, start),) = start_blobs([cfg], log=None).items()
+    r = run_task(nb.read_text(), run_params("sao", 0, 4, "mini", str(tmp_path / "elsewhere"), False, SMOKE, resume=True),
+                 pack_dir(part), (key, start))
+    assert r["error"] is None and r["node"] is None
+    back = tmp_path / "back"
+    unpack_into(r["folder"], back)
+    assert not (tmp_path / "elsewhere").exists()  # the task wrote only into its private folder
+    assert run_state(back, 4) == "done" and "resume" in events(back)
+    assert strip_perf(read_metrics(back)) == strip_perf(read_metrics(local))
+    assert (back / "checkpoints").is_dir() and (back / "run_setting.ipynb").exists()
+
+
+@pytest.mark.slow
+def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
+    "A head and a worker node (1 CPU each); runs land on both; the worker is removed mid-sweep; nothing lost or doubled."
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+    sweep = {"name": "two", "settings": ["single_dis", "running_mean"], "seeds": 4, "steps": 4, "window": 2, "base": SMOKE}
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(yaml.safe_dump(sweep))
+    assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
+    cluster, worker = start_cluster(Cluster)
+    root = tmp_path / "ray" / "sweeps" / "two" / "base" / "mini"
+    rc = {}
+    th = threading.Thread(target=lambda: rc.setdefault("rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"),
+                                                                          "--ray", cluster.address])))
+    try:
+        th.start()
+        worker_id, t0 = worker.node_id, time.time()
+        while time.time() - t0 < 300 and not any(json.loads(l)["node"] == worker_id for f in root.glob(f"*/seed*/{ATTEMPTS_FILE}")
+                                                  for l in f.read_text().splitlines()):
+            time.sleep(0.5)
+        time.sleep(2)  # the worker has taken its next run: remove the node under it
+        cluster.remove_node(worker)
+        th.join(600)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert rc.get("rc") == 0
+    nodes = set()
+    for s in sweep["settings"]:
+        for k in range(sweep["seeds"]):
+            d, ref = root / s / f"seed{k}", tmp_path / "local" / "sweeps" / "two" / "base" / "mini" / s / f"seed{k}"
+            att = [json.loads(l) for l in (d / ATTEMPTS_FILE).read_text().splitlines()]
+            assert [a["error"] for a in att] == [None]  # one result per run (Ray re-ran the lost task itself)
+            nodes.add(att[0]["node"])
+            assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
+            assert events(d).count("finish") == 1 and "resume" not in events(d)
+            assert strip_perf(read_metrics(d)) == strip_perf(read_metrics(ref))  # bit for bit
+    assert worker_id in nodes and len(nodes) == 2
+    res, ref = (json.loads((tmp_path / x / "sweeps" / "two" / "results.json").read_text()) for x in ("ray", "local"))
+    assert res["points"] == ref["points"]
