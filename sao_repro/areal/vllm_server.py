@@ -80,7 +80,7 @@ def launch(cmd:list[str], log:str|Path|None=None, env:dict|None=None) -> subproc
     "Start `cmd` in a process group of its own that dies with this process; output to `log` (else ours)."
     out = open(log, "ab") if log is not None else None
     try:
-        return subprocess.Popen(cmd, stdout=out or sys.stdout, stderr=subprocess.STDOUT, start_new_session=True,
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_parent, env={**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())})
     finally:
         if out is not None:
