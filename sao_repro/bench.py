@@ -23,7 +23,7 @@ BENCHES: dict[str, str] = {
     "mini": "sao_repro.mini.bench:main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
-    "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal",
+    "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal_main",
 }
 
 def timeit(fn, repeat:int=5, warmup:int=1) -> float:
@@ -82,7 +82,7 @@ def main(argv:list[str]|None=None) -> int:
     a = p.parse_args(argv)
     mod, fn = BENCHES[a.name].split(":")
     f = getattr(importlib.import_module(mod), fn)
-    return (f(a.options) if a.name == "mini" else f()) or 0
+    return (f(a.options) if a.name in ("mini", "rehearsal") else f()) or 0
 
 # %% ../nbs/91_bench.ipynb #d40fa2f7
 if __name__ == "__main__":

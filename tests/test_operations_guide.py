@@ -30,7 +30,8 @@ def test_operations_guide_renders_with_computed_symptoms(tmp_path):
                      "sao-repro reward-workers watch",
                      "areal/grpo/seed0             last step 3  flags: crashed",
                      "group-normalized with G=1: [0.0, 0.0, 0.0, 0.0]",
-                     "relaunch: restored True | every folder from step ['1']"):
+                     "relaunch: restored True | every folder from step ['1']",
+                     "STALE? 1/3 steps with a log-prob gap > 0.0001, first at step 1"):
         assert produced in text, produced
     assert "Traceback" not in text.split("How to monitor a run")[0]  # no cell failed before the crash example
 

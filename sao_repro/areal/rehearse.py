@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal.rehearse.html.md"""
 __all__ = ['OVERLAY', 'SCHEDULERS', 'ENGINES', 'ENGINE_DTYPES', 'STAND_IN_ENGINE', 'AREAL_CPU_DEPS', 'STEP_RE', 'PHASES',
            'missing_deps', 'RehearsalRun', 'overlay_trajectories', 'plan', 'RehearsalError', 'check_run_dir',
            'wait_healthy', 'run_one', 'VLLMServer', 'ensure_ray', 'rehearse_parser', 'rehearse_main', 'phase_seconds',
-           'bench_rehearsal']
+           'bench_rehearsal', 'bench_rehearsal_main', 'engine_agreement']
 
 # %% ../../nbs/44_areal.rehearse.ipynb #4d81ede2
 import argparse
@@ -274,6 +274,8 @@ class VLLMServer:
             f.write(f"\n== sao-repro rehearse: starting the vLLM server on port {self.port} at {time.ctime()}\n".encode())
         self._t0 = time.time()
         self.proc = launch(cmd, log=self.log, env=server_env({**os.environ, **run.env}))
+        with open(self.log, "ab") as f:  # its process group: what `stop` ends (engine and worker included)
+            f.write(f"== sao-repro rehearse: vLLM server pid {self.proc.pid} (its process group)\n".encode())
         return self
 
     def wait(self):
@@ -454,8 +456,8 @@ def phase_seconds(run_dir:str|Path) -> tuple[int, dict]:
         out[name] = sum(r.get(f"areal/timeperf/{k}", 0.0) for r in rows for k in keys) / max(1, len(rows))
     return len(rows), out
 
-def bench_rehearsal(steps:int=3, settings:list[str]|None=None, scheduler:str="spmd"):
-    "Print the rehearsal's per-phase seconds per step, fixed cost and peak RSS per setting; returns the rows."
+def bench_rehearsal(steps:int=3, settings:list[str]|None=None, scheduler:str="spmd", engine:str="vllm", engine_dtype:str="float32"):
+    "Print the rehearsal's per-phase seconds per step, fixed cost, server start and peak RSS per setting; returns the rows."
     import tempfile
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import sao_repro.areal.trainer, sao_repro.areal.train"], check=True)
@@ -463,20 +465,64 @@ def bench_rehearsal(steps:int=3, settings:list[str]|None=None, scheduler:str="sp
     assets = tiny_assets()
     rows, total = [], time.time()
     with tempfile.TemporaryDirectory() as td:
-        for s in settings or list_settings():
-            rec = run_one(plan(s, assets, td, steps=steps, scheduler=scheduler), progress=False)
-            if rec["returncode"] != 0:
-                raise RuntimeError(f"{s} failed: see {rec['run_dir']}/main.log")
-            n, ph = phase_seconds(rec["run_dir"])
-            step_s = sum(ph.values())
-            rows.append({"setting": s, "wall_s": rec["seconds"], "fixed_s": rec["seconds"] - n * step_s, "step_s": step_s,
-                         **ph, "peak_rss_mb": rec["peak_rss_mb"]})
+        server = VLLMServer(Path(td) / "areal" / "vllm_server.log") if engine == "vllm" and scheduler == "spmd" else None
+        try:
+            for s in settings or list_settings():
+                rec = run_one(plan(s, assets, td, steps=steps, scheduler=scheduler, sample_dtype=engine_dtype, engine=engine),
+                              progress=False, server=server)
+                if rec["returncode"] != 0:
+                    raise RuntimeError(f"{s} failed: see {rec['run_dir']}/main.log")
+                n, ph = phase_seconds(rec["run_dir"])
+                step_s = sum(ph.values())
+                rows.append({"setting": s, "wall_s": rec["seconds"], "fixed_s": rec["seconds"] - n * step_s, "step_s": step_s,
+                             **ph, "peak_rss_mb": rec["peak_rss_mb"], "server_start_s": rec.get("server_start_s") or 0.0,
+                             "server_reset_s": rec.get("server_reset_s") or 0.0, "server_rss_mb": rec.get("server_peak_rss_mb", 0)})
+        finally:
+            if server is not None:
+                server.stop()
     total = time.time() - total
-    cols = ["setting", "wall_s", "fixed_s", "step_s", *PHASES, "peak_rss_mb"]
-    print(f"rehearsal: {len(rows)} settings x {steps} steps, {scheduler} scheduler; imports alone (one process): {import_s:.1f} s")
+    cols = ["setting", "wall_s", "fixed_s", "step_s", *PHASES, "peak_rss_mb", "server_rss_mb"]
+    print(f"rehearsal: {len(rows)} settings x {steps} steps, {engine} engine ({engine_dtype}), {scheduler} scheduler; "
+          f"imports alone (one process): {import_s:.1f} s")
+    if server is not None:
+        print(f"vLLM server: healthy {rows[0]['server_start_s']:.1f} s after its start (one for all settings, beside the first "
+              f"trainer's start); reset to a run's initial weights {max(r['server_reset_s'] for r in rows):.2f} s at most")
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(r[c] if isinstance(r[c], str) else f"{r[c]:.2f}" for c in cols) + " |")
-    print(f"total {total:.0f} s for {len(rows)} settings x {steps} steps (target < 240 s: {'met' if total < 240 else 'NOT met'}); "
+    target = 360 if engine == "vllm" else 240
+    print(f"total {total:.0f} s for {len(rows)} settings x {steps} steps (target < {target} s: {'met' if total < target else 'NOT met'}); "
           f"fixed cost {sum(r['fixed_s'] for r in rows) / total:.0%} of it")
     return rows
+
+def bench_rehearsal_main(argv:list[str]|None=None) -> int:
+    "`python -m sao_repro.bench rehearsal [--engine vllm|stand-in] [--engine-dtype D] [--steps N] [--scheduler S]`."
+    p = argparse.ArgumentParser(prog="python -m sao_repro.bench rehearsal")
+    p.add_argument("--engine", choices=ENGINES, default="vllm")
+    p.add_argument("--engine-dtype", choices=ENGINE_DTYPES, default="float32")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="spmd")
+    p.add_argument("--setting", action="append", help="a setting (repeat; default all five)")
+    a = p.parse_args(argv)
+    bench_rehearsal(a.steps, a.setting, a.scheduler, a.engine, a.engine_dtype)
+    return 0
+
+# %% ../../nbs/44_areal.rehearse.ipynb #c4d2e002
+def engine_agreement(run_dir:str|Path, tol:float=1e-4) -> str:
+    "One line: did every step's batch come from the weights the trainer had (log-prob gap <= `tol`)? Names the first step that did not."
+    rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    cfg_file = Path(run_dir) / "config.json"
+    dtype = json.loads(cfg_file.read_text()).get("vllm", {}).get("dtype", "?") if cfg_file.is_file() else "?"
+    gaps = [(r["step"], r.get("areal/rollout/logp_gap_max"), r.get("areal/rollout/version_max")) for r in rows]
+    gaps = [g for g in gaps if g[1] is not None]
+    if not gaps:
+        return f"{run_dir}: no rollout/logp_gap_max logged (a run from before this check, or no recomputed log-probs)"
+    bad = [g for g in gaps if g[1] > tol]
+    worst = max(g[1] for g in gaps)
+    if not bad:
+        return f"{run_dir}: engine agrees with the trainer at all {len(gaps)} steps (largest log-prob gap {worst:.1e} <= {tol:g})"
+    step, gap, v = bad[0]
+    why = ("expected: the engine runs in bfloat16" if dtype == "bfloat16" else
+           "stale or unloaded weights: the engine did not serve AReaL's version")
+    return (f"{run_dir}: STALE? {len(bad)}/{len(gaps)} steps with a log-prob gap > {tol:g}, first at step {step} "
+            f"(gap {gap:.3f}, batch from version {v if v is None else int(v)}; engine dtype {dtype}): {why}")
