@@ -19,7 +19,7 @@ LAYERS = {  # the one table: every module of the package, by its dotted name und
     1: ["mini.__init__", "mini.task", "mini.model", "mini.rollout", "mini.config", "mini.runfolder", "mini.train",
         "mini.summary", "mini.cli", "mini.sweep", "mini.bench",
         "areal.__init__", "areal.config", "areal.algo", "areal.trainer", "areal.engine", "areal.train",
-        "areal.cpu_server", "areal.preflight", "areal.launch", "areal.tiny", "areal.rehearse",
+        "areal.cpu_server", "areal.vllm_server", "areal.preflight", "areal.launch", "areal.tiny", "areal.rehearse",
         "data.__init__", "data.sources"],
     2: ["reward.__init__", "reward.check", "reward.policy", "reward.local", "reward.ray", "reward.workers",
         "metrics.__init__", "metrics.areal", "metrics.health", "metrics.runs", "metrics.summary",

@@ -165,13 +165,13 @@ BIW = "areal/ppo_actor/update/behave_imp_weight/"
 
 def check_engine_agrees(rs, tol=1e-4):
     "vLLM's log-probs equal the trainer's at every step; each batch comes from versions AReaL records, one newer per step."
-    for i, r in enumerate(rs):
+    for r in rs:
         assert r[GAP] < tol, (r["step"], r[GAP])
         if BIW + "min" in r:
             assert 1 - tol < r[BIW + "min"] <= r[BIW + "max"] < 1 + tol, (r["step"], r[BIW + "min"], r[BIW + "max"])
         v = r["areal/rollout/trainer_version"]
         assert v == r["step"] - 1  # the weight version advances every step
-        assert v - 2 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # max_head_offpolicyness 2
+        assert 0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # no token from weights AReaL has not made
 
 
 @needs_areal
@@ -231,12 +231,23 @@ def server_group(out):
     return int(pids[-1]) if pids else None
 
 
+def group_alive(pgid):
+    "Live (not zombie) processes of a process group."
+    import psutil
+    alive = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
 def group_gone(pgid, within_s=30.0):
     t0 = time.time()
     while time.time() - t0 < within_s:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not group_alive(pgid):
             return True
         time.sleep(0.3)
     return False
@@ -271,8 +282,11 @@ def test_kill_9_of_rehearse_during_server_start_leaves_nothing(tmp_path):
     proc = subprocess.Popen([*CLI, "--setting", "grpo", "--steps", "2", "--out", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = tmp_path / "areal" / "vllm_server.log"
-    assert wait_for(lambda: log.is_file() and "vLLM server pid" in log.read_text(), 240)
-    time.sleep(3)  # the server is importing vLLM / starting its engine
+    assert wait_for(lambda: log.is_file() and "EngineCore" in log.read_text(), 300)  # its engine process is up
+    import re
+    port = re.findall(r"vLLM server on port (\d+)", log.read_text())[-1]
+    with pytest.raises(OSError):  # and it is not serving yet: still starting up
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
     proc.kill()
     proc.wait()
     assert group_gone(server_group(tmp_path), 30)  # API server, engine and worker
@@ -318,11 +332,13 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
 
 @needs_areal
 @pytest.mark.slow
-def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
-    "running_mean: kill -9 during step 3, resume: steps 1..4 once each, the baseline's count continues."
+@pytest.mark.parametrize("setting", ["running_mean", pytest.param("grpo_dis", marks=needs_vllm)])
+def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path, setting):
+    "kill -9 during step 3, resume: steps 1..4 once each; running_mean's baseline count continues; grpo_dis's first
+    batch after the resume comes from the resumed weights (vLLM's log-probs equal the trainer's at every step)."
     out = tmp_path / "r"
-    d = run_dir(out, "running_mean")
-    proc = subprocess.Popen([*CLI, "--setting", "running_mean", "--steps", "4", "--out", str(out)],
+    d = run_dir(out, setting)
+    proc = subprocess.Popen([*CLI, "--setting", setting, "--steps", "4", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     t0 = time.time()
     while time.time() - t0 < 300:
@@ -338,14 +354,16 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
         time.sleep(0.2)
     assert subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1
     assert 2 <= len(rows(d)) < 4
-    p = cli("--setting", "running_mean", "--steps", "4", "--out", str(out), "--resume")
+    p = cli("--setting", setting, "--steps", "4", "--out", str(out), "--resume")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rs = rows(d)
     assert [r["step"] for r in rs] == [1, 2, 3, 4]
-    assert [r["adv/baseline_count"] for r in rs] == [16.0, 32.0, 48.0, 64.0]
-    assert "resume" in events(d)
-    if not NO_VLLM:  # the resumed weights reached the new server before its first batch: log-probs agree at every step
+    if setting == "running_mean":
+        assert [r["adv/baseline_count"] for r in rs] == [16.0, 32.0, 48.0, 64.0]
+    else:  # the resumed weights reached the new server before its first batch: log-probs agree at every step
         check_engine_agrees(rs)
+        assert all(BIW + "min" in r for r in rs)
+    assert "resume" in events(d)
 
 
 DIE_IN_SAVE = """

@@ -66,15 +66,20 @@ def watch_parent(interval_s:float=0.5) -> bool:
             time.sleep(interval_s)
         os.killpg(os.getpgid(0), signal.SIGKILL)
     threading.Thread(target=watch, name="server-exit-with-parent", daemon=True).start()
+    _set_pdeathsig(0)  # from now on the watch ends the whole group; a parent-death SIGKILL would end only this process
     return True
 
-def _die_with_parent():
-    "preexec_fn: PR_SET_PDEATHSIG = SIGKILL (Linux), for the moments before the server's own watch runs."
+def _set_pdeathsig(sig:int):
+    "PR_SET_PDEATHSIG (Linux): the signal this process gets when its parent dies (0: none)."
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+def _die_with_parent():
+    "preexec_fn: SIGKILL at the parent's death, for the moments before the server's own watch runs (it lifts this)."
+    _set_pdeathsig(signal.SIGKILL)
 
 def launch(cmd:list[str], log:str|Path|None=None, env:dict|None=None) -> subprocess.Popen:
     "Start `cmd` in a process group of its own that dies with this process; output to `log` (else ours)."
