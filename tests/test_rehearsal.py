@@ -334,8 +334,8 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", ["running_mean", pytest.param("grpo_dis", marks=needs_vllm)])
 def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path, setting):
-    "kill -9 during step 3, resume: steps 1..4 once each; running_mean's baseline count continues; grpo_dis's first
-    batch after the resume comes from the resumed weights (vLLM's log-probs equal the trainer's at every step)."
+    """kill -9 during step 3, resume: steps 1..4 once each; running_mean's baseline count continues; grpo_dis's first
+    batch after the resume comes from the resumed weights (vLLM's log-probs equal the trainer's at every step)."""
     out = tmp_path / "r"
     d = run_dir(out, setting)
     proc = subprocess.Popen([*CLI, "--setting", setting, "--steps", "4", "--out", str(out)],
