@@ -22,6 +22,7 @@ from ..settings import list_settings
 from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
                                   check_fresh, read_metrics, train_run)
 from ..stopping import RunInterrupted
+from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import run_state
 from .summary import format_summary, point_summary, run_windows, study_tables, summarize
@@ -189,7 +190,7 @@ def run_main(argv: list[str] | None = None) -> int:
     try:
         d = run_setting(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov, args.resume,
                         overwrite=args.overwrite, allow_config_change=args.allow_config_change)
-    except (RunExistsError, ConfigChangeError) as e:
+    except (RunExistsError, ConfigChangeError, RunFolderBusy) as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     except (RunInterrupted, KeyboardInterrupt) as e:
@@ -232,7 +233,12 @@ def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, back
     run_dir = out / backend / setting / f"seed{seed}"
     if backend == "mini" and not resume:
         check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with lock_run_dir(run_dir, "notebook run"):  # the kernel's run holds it as its parent's
+        return _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite)
+
+def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite) -> Path:
+    if backend == "mini" and not resume:
+        check_fresh(run_dir, overwrite)
     params = {"setting": setting, "seed": seed, "steps": steps if steps is not None else MiniRunConfig.steps,
               "backend": backend, "out_dir": str(out), "smoke": smoke, "overrides": overrides}
     if resume:

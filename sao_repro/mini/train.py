@@ -23,6 +23,7 @@ from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
 from ..files import write_atomic
+from ..runlog import RunFolderBusy, lock_run_dir  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
@@ -31,7 +32,7 @@ from .rollout import PolicyHistory, collect, pick_lag
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
 from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
 from .runfolder import (
-    RESUME_FREE, RUN_FILES, ConfigChangeError, RunExistsError, check_fresh, checkpoints, clear_run, config_changes, eval_due,
+    RESUME_FREE, RUN_FILES, ConfigChangeError, NoCheckpointError, RunExistsError, check_fresh, check_resumable, checkpoints, clear_run, config_changes, eval_due,
     log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
 
 # %% auto #0
@@ -306,18 +307,31 @@ def train_run(cfg: MiniRunConfig, # the run
     run_dir = cfg.run_dir()
     if not resume:
         check_fresh(run_dir, overwrite)
+    with lock_run_dir(run_dir, "run") as stale:  # one process per run folder; checks again under the lock
+        return _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale)
+
+def _saved_config(run_dir: Path) -> dict:
+    try:
+        c = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return c if isinstance(c, dict) else {}
+
+def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale) -> Path:
+    if not resume:
+        check_fresh(run_dir, overwrite)
     torch.set_num_threads(cfg.threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ck, sd, changes = None, None, []
     if resume:
-        repair_logs(run_dir)
         ck, sd = readable_checkpoint(run_dir)
-        changes = config_changes(sd["config"], cfg) if sd else []
+        check_resumable(run_dir, sd is not None)  # before anything is cut
+        repair_logs(run_dir)
+        changes = config_changes(sd["config"] if sd else _saved_config(run_dir), cfg)
         if changes and not allow_config_change:
-            raise ConfigChangeError(f"--resume with options that differ from the checkpoint's ({ck.name}): "
+            raise ConfigChangeError(f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
                                     + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
                                     + "; pass the first run's values, or --allow-config-change to change them "
-                                    f"from step {sd['step']} on (recorded in config.json and events.log)")
+                                    f"from step {sd['step'] if sd else 0} on (recorded in config.json and events.log)")
     else:
         clear_run(run_dir)
     tr = MiniTrainer(cfg, log=log)
@@ -334,6 +348,8 @@ def train_run(cfg: MiniRunConfig, # the run
         _write_config(run_dir, cfg, tr)
         log_event(run_dir, "start", setting=cfg.setting, seed=cfg.seed, steps=cfg.steps,
                   start_acc=tr.start_meta["heldout_sampled_acc"])
+    if stale:
+        log_event(run_dir, "stale_lock", pid=stale)
     return _loop(tr, run_dir, log)
 
 # %% ../../nbs/30_mini.train.ipynb #7b596da9
