@@ -131,3 +131,19 @@ def test_verify_scores_a_long_boxedx_tail():
     t0 = time.perf_counter()
     assert score("\\boxed{2}" + "\\boxedx" * 150_000, "2") == 1.0
     assert time.perf_counter() - t0 < 30
+
+
+# ---------------------------------------------------------------- a run folder whose name is not UTF-8
+def test_non_utf8_run_folder_is_skipped_and_named(tmp_path):
+    from sao_repro.metrics import collect_metrics, scan_runs
+    assert run_main(_run_args(tmp_path / "runs", 2)) == 0
+    bad = os.fsencode(tmp_path / "runs" / "mini") + b"/gr\xffpo"
+    os.makedirs(bad)
+    for name in (b"metrics.jsonl", b"events.log"):
+        with open(bad + b"/" + name, "wb") as f:
+            f.write((tmp_path / "runs" / "mini" / "grpo" / "seed0" / name.decode()).read_bytes())
+    with pytest.warns(UserWarning, match=r"gr\\xffpo.*not UTF-8"):
+        df = collect_metrics(tmp_path / "runs")
+    assert set(df["run"]) == {"mini/grpo/seed0"}  # the good run is still read
+    with pytest.warns(UserWarning, match="not UTF-8"):
+        assert [r["run"] for r in scan_runs(tmp_path / "runs")] == ["mini/grpo/seed0"]

@@ -114,8 +114,8 @@ def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
             if k not in RESUME_FREE and k in saved and saved[k] != v]
 
 # %% ../../nbs/29_mini.runfolder.ipynb #d8b8cc02
-def readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict | None]:
-    "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged."
+def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | None, dict | None]:
+    "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged (if `set_aside`)."
     for p in reversed(checkpoints(run_dir)):
         try:
             sd = torch.load(p, weights_only=False)
@@ -123,6 +123,8 @@ def readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict | None]:
                 raise ValueError("not a checkpoint of this trainer")
             return p, sd
         except Exception as e:  # noqa: BLE001 -- torn zip, garbage, wrong pickle: any of them means unreadable
+            if not set_aside:
+                continue
             bad = p.with_name(p.name + ".unreadable")
             os.replace(p, bad)
             log_event(run_dir, "checkpoint_unreadable", checkpoint=p.name, kept_as=bad.name, error=f"{type(e).__name__}: {e}"[:300])

@@ -323,9 +323,9 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
     torch.set_num_threads(cfg.threads)
     ck, sd, changes = None, None, []
     if resume:
-        ck, sd = readable_checkpoint(run_dir)
-        check_resumable(run_dir, sd is not None)  # before anything is cut
+        check_resumable(run_dir, readable_checkpoint(run_dir, set_aside=False)[1] is not None)  # before anything is cut
         repair_logs(run_dir)
+        ck, sd = readable_checkpoint(run_dir)
         changes = config_changes(sd["config"] if sd else _saved_config(run_dir), cfg)
         if changes and not allow_config_change:
             raise ConfigChangeError(f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
