@@ -147,3 +147,25 @@ def test_non_utf8_run_folder_is_skipped_and_named(tmp_path):
     assert set(df["run"]) == {"mini/grpo/seed0"}  # the good run is still read
     with pytest.warns(UserWarning, match="not UTF-8"):
         assert [r["run"] for r in scan_runs(tmp_path / "runs")] == ["mini/grpo/seed0"]
+
+
+# ---------------------------------------------------------------- a full disk during a run
+@pytest.fixture
+def tiny_disk(tmp_path):
+    "A 700 KB tmpfs: room for the logs and one smoke checkpoint, not two."
+    d = tmp_path / "disk"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("mount (tmpfs) is not available here")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_full_disk_says_so_and_names_the_folder(tiny_disk):
+    p = cli("run", *_run_args(tiny_disk, 6, "--ckpt-every", "1"))
+    out, err = p.communicate(timeout=300)
+    d = tiny_disk / "mini" / "grpo" / "seed0"
+    assert p.returncode == 1, err
+    assert "disk full" in err and str(d) in err and "--resume" in err, err
+    assert "enforce fail" not in err and "Traceback" not in err
+    assert not list((d / "checkpoints").glob("*.tmp"))  # the partial checkpoint does not hold the space

@@ -19,7 +19,7 @@ import numpy as np
 import tyro
 
 from ..settings import list_settings
-from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
+from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError, DiskFullError,
                                   check_fresh, read_metrics, train_run)
 from ..stopping import RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
@@ -198,6 +198,9 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
               f"{shlex.join(again)} --resume", file=sys.stderr)
         return 130
+    except DiskFullError as e:
+        print(f"sao-repro run: stopped, disk full: {e.strerror}", file=sys.stderr)
+        return 1
     except NonFiniteError as e:
         print(f"sao-repro run: stopped, non-finite loss or gradient: {e} (last good checkpoint kept)", file=sys.stderr)
         return 3

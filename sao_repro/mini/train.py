@@ -6,9 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/mini.train.html.md"""
 
 # %% ../../nbs/30_mini.train.ipynb #a206885c
 from __future__ import annotations
+import errno
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -36,11 +38,27 @@ from .runfolder import (
     log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
 
 # %% auto #0
-__all__ = ['NonFiniteError', 'MiniTrainer', 'train_run']
+__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
 
 # %% ../../nbs/30_mini.train.ipynb #056f18ad
 class NonFiniteError(RuntimeError):
     "A loss or gradient was NaN or inf."
+
+class DiskFullError(OSError):
+    "The run folder's disk filled up during the run."
+
+def disk_full(e: BaseException, run_dir: Path) -> bool:
+    """`e` came from a full disk: ENOSPC, or a failed write (torch.save's `enforce fail` RuntimeError carries no
+    errno) with less than a checkpoint's size free."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, RuntimeError):
+        return False
+    try:
+        need = max([p.stat().st_size for p in checkpoints(run_dir)] + [1 << 20])
+        return shutil.disk_usage(run_dir).free < need
+    except OSError:
+        return False
 
 class MiniTrainer:
     "The testbed trainer for one setting."
@@ -253,7 +271,11 @@ def save(self: MiniTrainer, run_dir: Path) -> Path:
     d = Path(run_dir) / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"step_{self.step:06d}.pt"
-    torch.save(self.state(), str(p) + ".tmp")
+    try:
+        torch.save(self.state(), str(p) + ".tmp")
+    except BaseException:
+        Path(str(p) + ".tmp").unlink(missing_ok=True)  # a partial file would only hold the space a retry needs
+        raise
     os.replace(str(p) + ".tmp", p)
     for old in checkpoints(run_dir)[:-self.cfg.keep_ckpts]:
         old.unlink()
@@ -377,7 +399,15 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
     except RunInterrupted:
         raise
     except BaseException as e:
-        log_event(run_dir, "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}")
+        full = disk_full(e, run_dir)
+        try:
+            log_event(run_dir, "disk_full" if full else "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}"[:300])
+        except OSError:
+            pass  # the disk may have no room even for this line
+        if full:
+            raise DiskFullError(errno.ENOSPC, f"no space left on the disk holding {run_dir} at step {tr.step + 1} "
+                                f"({shutil.disk_usage(run_dir).free} bytes free); free space there, then continue "
+                                "with --resume") from e
         raise
     log_event(run_dir, "finish", step=tr.step)
     return run_dir
