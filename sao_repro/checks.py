@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 # %% auto #0
-__all__ = ['check_number', 'check_timeout']
+__all__ = ['check_number', 'check_timeout', 'check_port', 'port_arg']
 
 # %% ../nbs/01_checks.ipynb #527a9c89
 def check_number(name:str, # option name, as the user writes it
@@ -34,3 +34,24 @@ def check_timeout(value, # seconds
                  ) -> float:
     "A timeout in seconds: finite and > 0 (NaN or inf would never fire)."
     return check_number(name, value, 0.0, lo_open=True, hint=" of seconds (NaN or inf would never fire)")
+
+# %% ../nbs/01_checks.ipynb #73328644
+def check_port(value, # the port given (str from a command line, or int)
+               name:str="--port", # option name for the error
+              ) -> int:
+    "A TCP port: an integer 0..65535 (0: any free port), else a ValueError naming `name`."
+    try:
+        port = int(str(value).strip(), 10)
+    except (TypeError, ValueError):
+        port = None
+    if port is None or not 0 <= port <= 65535 or isinstance(value, bool):
+        raise ValueError(f"{name} {value!r}: give a port number 0..65535 (0: any free port)")
+    return port
+
+def port_arg(value:str) -> int:
+    "`argparse` type for a `--port` option: exit 2 with the reason instead of a traceback at bind time."
+    import argparse
+    try:
+        return check_port(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

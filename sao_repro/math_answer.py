@@ -14,18 +14,16 @@ import re
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
+_BOX_RE = re.compile("|".join(re.escape(c) for c in _BOX_COMMANDS))
+
+
 def _last_box_command(text: str) -> int:
-    "Index just past the last `\\boxed`/`\\fbox` command in `text` (not `\\boxedx`), or -1."
-    end = len(text)
-    while True:
-        starts = [(text.rfind(cmd, 0, end), cmd) for cmd in _BOX_COMMANDS]
-        start, cmd = max(starts)
-        if start < 0:
-            return -1
-        after = start + len(cmd)
-        if after >= len(text) or not text[after].isalpha():
-            return after
-        end = start
+    "Index just past the last `\\boxed`/`\\fbox` command in `text` (not `\\boxedx`), or -1; one pass over `text`."
+    last = -1
+    for m in _BOX_RE.finditer(text):
+        if m.end() >= len(text) or not text[m.end()].isalpha():
+            last = m.end()
+    return last
 
 # %% ../nbs/05_math_answer.ipynb #5a4db185
 def _brace_group(text: str, i: int) -> str | None:

@@ -6,18 +6,22 @@ Docs: https://sao-repro.github.io/sao-repro/runlog.html.md"""
 
 # %% ../nbs/02_runlog.ipynb #b0ab7fca
 from __future__ import annotations
+import fcntl
 import json
+import os
 import math
 import re
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .files import write_atomic
 
 # %% auto #0
-__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE', 'valid_step',
-           'parse_record', 'repair_lines', 'event_line_ok', 'log_event', 'event_time', 'read_events', 'to_float',
-           'flatten', 'online_accuracy', 'graded_count', 'add_derived', 'areal_to_metrics']
+__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'LOCK_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE',
+           'valid_step', 'parse_record', 'repair_lines', 'event_line_ok', 'log_event', 'RunFolderBusy', 'lock_run_dir',
+           'event_time', 'read_events', 'to_float', 'flatten', 'online_accuracy', 'graded_count', 'add_derived',
+           'areal_to_metrics']
 
 # %% ../nbs/02_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
@@ -93,6 +97,58 @@ def log_event(
             lead = "" if f.read(1) == b"\n" else "\n"
         f.write((lead + line + "\n").encode())
     return line
+
+# %% ../nbs/02_runlog.ipynb #6eb8450a
+LOCK_FILE = ".lock"
+
+class RunFolderBusy(RuntimeError):
+    "Another live process holds the run folder's lock."
+
+def _lock_holder(fd:int) -> dict:
+    "What the lock file says of its holder: `pid`, `what`, `since` (empty while the holder is still writing it)."
+    try:
+        pid, what, since = os.pread(fd, 200, 0).decode().strip().split("\t")
+        return {"pid": int(pid), "what": what, "since": since}
+    except (ValueError, OSError):
+        return {}
+
+@contextmanager
+def lock_run_dir(run_dir:str|Path, # the run folder (created if missing)
+                 what:str="run", # who holds it, as the refusal names it: run, rehearse, sweep
+                ):
+    """Hold `<run_dir>/.lock` (flock) for the life of the block; yields the PID of a killed holder whose stale lock was
+    taken over (else None). A lock held by another live process raises `RunFolderBusy` naming its PID; one held by
+    this process's parent (a notebook kernel of a sweep or compare run) is its own."""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / LOCK_FILE
+    while True:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if holder.get("pid") == os.getppid():
+                yield None
+                return
+            who = f"PID {holder['pid']} ({holder['what']}, since {holder['since']})" if holder else "another process"
+            raise RunFolderBusy(f"{d} is in use by {who}; wait for it to end or stop it, then try again") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(p).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder ended and removed the file between our open and flock: take the new one
+    stale = _lock_holder(fd).get("pid")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\t{what}\t{datetime.now(timezone.utc).isoformat(timespec='seconds')}\n".encode(), 0)
+    try:
+        yield stale
+    finally:
+        p.unlink(missing_ok=True)
+        os.close(fd)
 
 # %% ../nbs/02_runlog.ipynb #3890585c
 def event_time(stamp:str) -> datetime:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE
 from ..settings import list_settings
@@ -41,6 +42,15 @@ def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
 RUN_MARKERS = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE) + AREAL_LOGS
 SEED_RE = re.compile(r"seed[_\-]?(\d+)", re.I)
 
+def _utf8_name(d:Path) -> bool:
+    "A folder whose name is not UTF-8 cannot be shown or stored as text: skipped, and named in a warning."
+    try:
+        d.name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        warnings.warn(f"skipped folder {os.fsencode(d)!r}: its name is not UTF-8 (rename it to include it)", stacklevel=3)
+        return False
+
 def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
     "`(run_name, folder)` for every run folder at or below `path` (a folder or a file in a run)."
     root = Path(path)
@@ -50,7 +60,7 @@ def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
         return []
     found = []
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith("."))
+        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith(".") and _utf8_name(Path(d) / x))
         if any(f in files for f in RUN_MARKERS) or any(
                 f.endswith(LOG_SUFFIXES) and readable(Path(d)/f, follow_symlinks) and is_areal_log(Path(d)/f) for f in files):
             found.append(Path(d))

@@ -19,9 +19,10 @@ import numpy as np
 import tyro
 
 from ..settings import list_settings
-from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError,
+from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError, DiskFullError,
                                   check_fresh, read_metrics, train_run)
 from ..stopping import RunInterrupted
+from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import run_state
 from .summary import format_summary, point_summary, run_windows, study_tables, summarize
@@ -189,7 +190,7 @@ def run_main(argv: list[str] | None = None) -> int:
     try:
         d = run_setting(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov, args.resume,
                         overwrite=args.overwrite, allow_config_change=args.allow_config_change)
-    except (RunExistsError, ConfigChangeError) as e:
+    except (RunExistsError, ConfigChangeError, RunFolderBusy) as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     except (RunInterrupted, KeyboardInterrupt) as e:
@@ -197,6 +198,9 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
               f"{shlex.join(again)} --resume", file=sys.stderr)
         return 130
+    except DiskFullError as e:
+        print(f"sao-repro run: stopped, disk full: {e.strerror}", file=sys.stderr)
+        return 1
     except NonFiniteError as e:
         print(f"sao-repro run: stopped, non-finite loss or gradient: {e} (last good checkpoint kept)", file=sys.stderr)
         return 3
@@ -243,7 +247,12 @@ def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, back
     run_dir = out / backend / setting / f"seed{seed}"
     if backend == "mini" and not resume:
         check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with lock_run_dir(run_dir, "notebook run"):  # the kernel's run holds it as its parent's
+        return _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite)
+
+def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite) -> Path:
+    if backend == "mini" and not resume:
+        check_fresh(run_dir, overwrite)  # again under the lock: another process may have started it meanwhile
     params = run_params(setting, seed, steps, backend, str(out), smoke, overrides, resume, overwrite)
     run_notebook(Path(notebook).resolve(), run_dir / "run_setting.ipynb", params)
     return run_dir

@@ -22,7 +22,8 @@ from .config import MiniRunConfig
 
 # %% auto #0
 __all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
-           'RunExistsError', 'ConfigChangeError', 'check_fresh', 'config_changes', 'readable_checkpoint', 'repair_logs']
+           'RunExistsError', 'ConfigChangeError', 'NoCheckpointError', 'check_resumable', 'check_fresh',
+           'config_changes', 'readable_checkpoint', 'repair_logs']
 
 # %% ../../nbs/29_mini.runfolder.ipynb #7f1a87af
 def read_metrics(run_dir, skipped: Counter | None = None) -> list[dict]:
@@ -57,7 +58,10 @@ def clear_run(run_dir: Path):
     "Delete a run's metrics, events, config and checkpoints (a fresh run with `overwrite`)."
     for name in ("metrics.jsonl", "events.log", "config.json"):
         (run_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    ck = run_dir / "checkpoints"
+    if ck.is_symlink() or ck.is_file():  # a file (or link) in place of the folder: removed too
+        ck.unlink()
+    shutil.rmtree(ck, ignore_errors=True)
 
 def run_state(run_dir, steps: int) -> str:
     "'done', 'partial' (resume it) or 'new'."
@@ -77,6 +81,21 @@ class RunExistsError(FileExistsError):
 class ConfigChangeError(ValueError):
     "A resume with options that differ from the checkpoint's."
 
+class NoCheckpointError(RunExistsError):
+    "A resume of a run that has steps but no readable checkpoint to continue them from."
+
+def check_resumable(run_dir: Path, has_checkpoint: bool):
+    "Refuse a resume that would lose steps: metrics recorded, no readable checkpoint (touches nothing)."
+    ck = Path(run_dir) / "checkpoints"
+    n = len(read_metrics(run_dir))
+    if has_checkpoint or not n:
+        return
+    why = ("checkpoints/ is missing" if not ck.exists() and not ck.is_symlink() else
+           "checkpoints is not a folder" if not ck.is_dir() else "checkpoints/ holds no readable checkpoint")
+    raise NoCheckpointError(f"--resume: {run_dir} has {n} recorded steps but {why}, so they cannot be continued; "
+                            "restore its checkpoints and resume again, or start over with --overwrite "
+                            "(overwrite=True: deletes its metrics, events and checkpoints)")
+
 RUN_FILES = ("metrics.jsonl", "events.log", "config.json", "checkpoints")
 # options that do not change what a step computes: a resume may change them freely
 RESUME_FREE = ("steps", "out", "threads", "keep_ckpts", "ckpt_every", "debug_nan_step")
@@ -95,8 +114,8 @@ def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
             if k not in RESUME_FREE and k in saved and saved[k] != v]
 
 # %% ../../nbs/29_mini.runfolder.ipynb #d8b8cc02
-def readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict | None]:
-    "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged."
+def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | None, dict | None]:
+    "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged (if `set_aside`)."
     for p in reversed(checkpoints(run_dir)):
         try:
             sd = torch.load(p, weights_only=False)
@@ -104,6 +123,8 @@ def readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict | None]:
                 raise ValueError("not a checkpoint of this trainer")
             return p, sd
         except Exception as e:  # noqa: BLE001 -- torn zip, garbage, wrong pickle: any of them means unreadable
+            if not set_aside:
+                continue
             bad = p.with_name(p.name + ".unreadable")
             os.replace(p, bad)
             log_event(run_dir, "checkpoint_unreadable", checkpoint=p.name, kept_as=bad.name, error=f"{type(e).__name__}: {e}"[:300])

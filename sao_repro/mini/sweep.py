@@ -45,14 +45,15 @@ class SweepConfig:
     window: int = field(default=50, metadata={"help": "start/end window in steps of the summary"})
 
     def __post_init__(self):
-        if not self.name or "/" in str(self.name):
-            raise ValueError(f"name={self.name!r}: a non-empty folder name without '/'")
+        if not isinstance(self.name, str) or self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            raise ValueError(f"name={self.name!r}: one plain folder name (not '.' or '..', no '/', '\\' or NUL)")
         bad = [s for s in self.settings if s not in list_settings()]
         if bad or not self.settings:
             raise ValueError(f"settings: unknown {bad} (or empty); valid: {', '.join(list_settings())}")
-        self.seeds = list(range(self.seeds)) if isinstance(self.seeds, int) else [int(k) for k in self.seeds]
-        if not self.seeds:
-            raise ValueError("seeds: give N >= 1 or a non-empty list")
+        self.seeds = list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+        if not self.seeds or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.seeds):
+            raise ValueError(f"seeds={self.seeds!r}: give N >= 1 or a non-empty list of integers >= 0")
+        _no_repeats("seeds", self.seeds)
         if int(self.steps) < 1 or int(self.window) < 1:
             raise ValueError(f"steps={self.steps} and window={self.window} must be >= 1")
         for part, d in (("base", self.base), ("grid", self.grid)):
@@ -60,6 +61,8 @@ class SweepConfig:
         for k, vs in self.grid.items():
             if not isinstance(vs, list) or not vs:
                 raise ValueError(f"grid.{k}: give a non-empty list of values, got {vs!r}")
+            _no_repeats(f"grid.{k}", vs)
+        _no_repeats("grid points (as folder names)", [point_label(p) for p in self.points()])
         for point in self.points():  # every run config must build (names the bad value)
             for s in self.settings:
                 make_config(s, self.seeds[0], self.steps, overrides={**self.base, **point})
@@ -68,6 +71,12 @@ class SweepConfig:
         "Every combination of the grid values, in the grid's order."
         keys = list(self.grid)
         return [dict(zip(keys, vs)) for vs in itertools.product(*(self.grid[k] for k in keys))]
+
+def _no_repeats(name: str, values: list):
+    "Each run once: a repeated value would train one folder twice and count it twice."
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    if seen:
+        raise ValueError(f"{name}: {seen[0]!r} is repeated in {values!r}; list each value once")
 
 def _check_knobs(part: str, d: dict):
     if not isinstance(d, dict):

@@ -6,9 +6,11 @@ Docs: https://sao-repro.github.io/sao-repro/mini.train.html.md"""
 
 # %% ../../nbs/30_mini.train.ipynb #a206885c
 from __future__ import annotations
+import errno
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -23,6 +25,7 @@ from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
 from ..files import write_atomic
+from ..runlog import RunFolderBusy, lock_run_dir  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
@@ -31,15 +34,31 @@ from .rollout import PolicyHistory, collect, pick_lag
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
 from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
 from .runfolder import (
-    RESUME_FREE, RUN_FILES, ConfigChangeError, RunExistsError, check_fresh, checkpoints, clear_run, config_changes, eval_due,
+    RESUME_FREE, RUN_FILES, ConfigChangeError, NoCheckpointError, RunExistsError, check_fresh, check_resumable, checkpoints, clear_run, config_changes, eval_due,
     log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
 
 # %% auto #0
-__all__ = ['NonFiniteError', 'MiniTrainer', 'train_run']
+__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
 
 # %% ../../nbs/30_mini.train.ipynb #056f18ad
 class NonFiniteError(RuntimeError):
     "A loss or gradient was NaN or inf."
+
+class DiskFullError(OSError):
+    "The run folder's disk filled up during the run."
+
+def disk_full(e: BaseException, run_dir: Path) -> bool:
+    """`e` came from a full disk: ENOSPC, or a failed write (torch.save's `enforce fail` RuntimeError carries no
+    errno) with less than a checkpoint's size free."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, RuntimeError):
+        return False
+    try:
+        need = max([p.stat().st_size for p in checkpoints(run_dir)] + [1 << 20])
+        return shutil.disk_usage(run_dir).free < need
+    except OSError:
+        return False
 
 class MiniTrainer:
     "The testbed trainer for one setting."
@@ -252,7 +271,11 @@ def save(self: MiniTrainer, run_dir: Path) -> Path:
     d = Path(run_dir) / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"step_{self.step:06d}.pt"
-    torch.save(self.state(), str(p) + ".tmp")
+    try:
+        torch.save(self.state(), str(p) + ".tmp")
+    except BaseException:
+        Path(str(p) + ".tmp").unlink(missing_ok=True)  # a partial file would only hold the space a retry needs
+        raise
     os.replace(str(p) + ".tmp", p)
     for old in checkpoints(run_dir)[:-self.cfg.keep_ckpts]:
         old.unlink()
@@ -306,18 +329,31 @@ def train_run(cfg: MiniRunConfig, # the run
     run_dir = cfg.run_dir()
     if not resume:
         check_fresh(run_dir, overwrite)
+    with lock_run_dir(run_dir, "run") as stale:  # one process per run folder; checks again under the lock
+        return _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale)
+
+def _saved_config(run_dir: Path) -> dict:
+    try:
+        c = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return c if isinstance(c, dict) else {}
+
+def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale) -> Path:
+    if not resume:
+        check_fresh(run_dir, overwrite)
     torch.set_num_threads(cfg.threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ck, sd, changes = None, None, []
     if resume:
+        check_resumable(run_dir, readable_checkpoint(run_dir, set_aside=False)[1] is not None)  # before anything is cut
         repair_logs(run_dir)
         ck, sd = readable_checkpoint(run_dir)
-        changes = config_changes(sd["config"], cfg) if sd else []
+        changes = config_changes(sd["config"] if sd else _saved_config(run_dir), cfg)
         if changes and not allow_config_change:
-            raise ConfigChangeError(f"--resume with options that differ from the checkpoint's ({ck.name}): "
+            raise ConfigChangeError(f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
                                     + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
                                     + "; pass the first run's values, or --allow-config-change to change them "
-                                    f"from step {sd['step']} on (recorded in config.json and events.log)")
+                                    f"from step {sd['step'] if sd else 0} on (recorded in config.json and events.log)")
     else:
         clear_run(run_dir)
     tr = MiniTrainer(cfg, log=log)
@@ -334,6 +370,8 @@ def train_run(cfg: MiniRunConfig, # the run
         _write_config(run_dir, cfg, tr)
         log_event(run_dir, "start", setting=cfg.setting, seed=cfg.seed, steps=cfg.steps,
                   start_acc=tr.start_meta["heldout_sampled_acc"])
+    if stale:
+        log_event(run_dir, "stale_lock", pid=stale)
     return _loop(tr, run_dir, log)
 
 # %% ../../nbs/30_mini.train.ipynb #7b596da9
@@ -361,7 +399,15 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
     except RunInterrupted:
         raise
     except BaseException as e:
-        log_event(run_dir, "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}")
+        full = disk_full(e, run_dir)
+        try:
+            log_event(run_dir, "disk_full" if full else "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}"[:300])
+        except OSError:
+            pass  # the disk may have no room even for this line
+        if full:
+            raise DiskFullError(errno.ENOSPC, f"no space left on the disk holding {run_dir} at step {tr.step + 1} "
+                                f"({shutil.disk_usage(run_dir).free} bytes free); free space there, then continue "
+                                "with --resume") from e
         raise
     log_event(run_dir, "finish", step=tr.step)
     return run_dir

@@ -22,6 +22,7 @@ from fastcore.basics import patch
 from .data import MonitorState, jsonable
 from .page import CHARTS, CSS, JS, PAGE, SMOOTH_STEPS, STATIC, render_page
 from ..stopping import serve_until_interrupted
+from ..checks import port_arg
 
 # %% auto #0
 __all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'KEY_ENV', 'LOOPBACK_NAMES', 'SECURITY_HEADERS', 'MAX_FILE_BYTES', 'IDLE_TIMEOUT_S',
@@ -271,7 +272,7 @@ def monitor_parser() -> argparse.ArgumentParser:
                                             "(testbed metrics.jsonl and AReaL 1.0.4 logs): accuracy, reward, DIS, "
                                             "critic health and oom / nan / stalled / crashed / finished flags, live.")
     p.add_argument("--logs", default="runs", help="logs folder: a runs tree, one run folder, or an AReaL logs folder (default: runs)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT}; 0 picks a free port)")
+    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT}; 0 picks a free port)")
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}); any other address "
                                                         f"needs {KEY_ENV} in the environment, and every request must then carry it")
     p.add_argument("--stall-minutes", type=float, default=10.0, help="flag a run `stalled` after this many minutes without a new step")
