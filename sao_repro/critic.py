@@ -14,7 +14,7 @@ from .core import check_shape, check_mask, masked_mean, masked_var
 from .loss import value_loss
 
 # %% auto #0
-__all__ = ['explained_variance', 'CriticTrainer']
+__all__ = ['explained_variance', 'returns_std', 'CriticTrainer']
 
 # %% ../nbs/14_critic.ipynb #0b44b027
 @torch.no_grad()
@@ -30,6 +30,14 @@ def explained_variance(
     if var_r <= 1e-12:
         return float("nan")
     return 1.0 - float(masked_var((returns - values).float(), loss_mask)) / var_r
+
+@torch.no_grad()
+def returns_std(returns:torch.Tensor, # [B, T] targets
+                loss_mask:torch.Tensor, # [B, T] bool
+               ) -> float:
+    "Standard deviation of the returns over the mask (0: every return equal, a degenerate batch for the critic)."
+    check_mask("loss_mask", loss_mask, returns)
+    return float(masked_var(returns.float(), loss_mask).clamp_min(0).sqrt())
 
 # %% ../nbs/14_critic.ipynb #c7789e73
 class CriticTrainer:
@@ -105,4 +113,5 @@ def update(self:CriticTrainer,
             self.opt.step()
             losses.append(float(loss.detach()))
     return {"critic/value_loss": sum(losses) / len(losses), "critic/explained_var": ev,
-            "critic/grad_norm": sum(norms) / len(norms)}
+            "critic/grad_norm": sum(norms) / len(norms), "critic/grad_norm_max": max(norms),
+            "critic/grad_clip": float(self.max_grad_norm), "critic/returns_std": returns_std(returns, loss_mask)}

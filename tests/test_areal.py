@@ -505,3 +505,30 @@ def test_math_dataset_and_reward_env_for_the_workers(tmp_path, monkeypatch):
     assert env == {"SAO_REWARD_BACKEND": "ray", "SAO_REWARD_WORKERS": "7", "SAO_REWARD_TIMEOUT_S": "5.0"}
     assert all(spec.env_vars["SAO_REWARD_WORKERS"] == "7" for spec in cfg.rollout.scheduling_spec)
     assert cfg.sao.reward_fn == "sao_repro.reward.math_reward_fn"
+
+
+def test_critic_logs_what_the_health_flags_read():
+    "critic/grad_clip (the optimizer's gradient_clipping) and critic/returns_std, 0 for a degenerate batch."
+    from areal.utils import stats_tracker
+    from sao_repro.areal.engine import critic_health
+    cfg = SimpleNamespace(optimizer=SimpleNamespace(gradient_clipping=1.0))
+    d = [{"returns": torch.tensor([[1.0, 0.0, 1.0]]), "loss_mask": torch.ones(1, 3)}]
+    h = critic_health(d, cfg)
+    assert h["critic/grad_clip"] == 1.0 and abs(h["critic/returns_std"] - (2 / 9) ** 0.5) < 1e-6  # population std of 1, 0, 1
+    same = [{"returns": torch.ones(1, 3), "loss_mask": torch.ones(1, 3)}]
+    assert critic_health(same, cfg)["critic/returns_std"] == 0.0
+    stats_tracker.export()  # drop what earlier tests left
+    from areal.trainer.ppo.critic import PPOCritic
+    from sao_repro.areal.config import SAOCriticConfig
+    from areal.api.cli_args import OptimizerConfig
+    critic = SAOPPOCritic(SAOCriticConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
+                                          optimizer=OptimizerConfig(gradient_clipping=10.0),
+                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10)), None)
+    orig = PPOCritic.ppo_update
+    PPOCritic.ppo_update = lambda self, data: None
+    try:
+        critic.ppo_update([{**same[0], "values": torch.zeros(1, 3)}])
+    finally:
+        PPOCritic.ppo_update = orig
+    out = stats_tracker.export()
+    assert out["critic/returns_std"] == 0.0 and "critic/explained_var" not in out and out["critic/grad_clip"] == 10.0

@@ -80,7 +80,8 @@ def _critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) ->
 # %% ../../nbs/30_mini.train.ipynb #82dfe024
 @torch.no_grad()
 def _adv_stats(adv, mask) -> dict:
-    return {"adv/mean": float(masked_mean(adv, mask)), "adv/std": float(masked_var(adv, mask).sqrt())}
+    return {"adv/mean": float(masked_mean(adv, mask)), "adv/std": float(masked_var(adv, mask).sqrt()),
+            "adv/max": float(adv[mask].max()) if mask.any() else float("nan")}
 
 def _clean(m: dict) -> dict:
     "NaN/inf -> None so metrics.jsonl is strict JSON."
