@@ -532,3 +532,21 @@ def test_critic_logs_what_the_health_flags_read():
         PPOCritic.ppo_update = orig
     out = stats_tracker.export()
     assert out["critic/returns_std"] == 0.0 and "critic/explained_var" not in out and out["critic/grad_clip"] == 10.0
+
+
+def test_adv_whiten_whitens_advantages_not_returns():
+    "sao.adv_whiten: advantages mean 0 / std 1 over the action tokens; returns (the critic's targets) identical."
+    data = random_batch(5)
+    outs = {}
+    for w in (False, True):
+        ours = SAOPPOActor(SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
+                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10,
+                                                         adv_whiten=w, strict=False)), engine=None)
+        outs[w] = ours._compute_advantages(copy.deepcopy(data))
+    m = outs[True]["loss_mask"].bool()
+    assert torch.equal(outs[True]["returns"], outs[False]["returns"])
+    a = outs[True]["advantages"][m]
+    assert abs(float(a.mean())) < 1e-5 and abs(float(a.var(unbiased=False)) - 1.0) < 1e-4
+    assert not torch.allclose(outs[True]["advantages"][m], outs[False]["advantages"][m])
+    with pytest.raises(ValueError, match="sao.adv_whiten"):
+        SAOSection(adv_whiten="yes")

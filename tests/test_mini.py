@@ -229,3 +229,20 @@ def test_run_setting_notebook_smoke(tmp_path):
     assert json.loads((d / "config.json").read_text())["preset"] == "smoke"
     nb = json.loads(out_nb.read_text())
     assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))
+
+
+# ---------------------------------------------------------------- knobs: advantage whitening
+
+def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
+    "Whitened advantages (mean 0, std 1 over action tokens); the critic's targets, loss and grad norm are untouched."
+    import sao_repro.mini.train as MT
+    out = {}
+    for w in (False, True):
+        tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / str(w), critic_warmup=0, adv_whiten=w), log=None)
+        assert tr.setting.adv_whiten is w
+        out[w] = tr.train_step()  # step 1: same rollout, same critic; the policy updates after the critic
+    for k in ("critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/returns_std"):
+        assert out[True][k] == out[False][k], k
+    assert out[True]["adv/mean"] == pytest.approx(0.0, abs=1e-5) and out[True]["adv/std"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(out[False]["adv/std"] - 1.0) > 1e-2  # the unwhitened advantages were not already whitened
+    assert out[True]["actor/loss"] != out[False]["actor/loss"]

@@ -21,6 +21,7 @@ from areal.utils.stats_tracker import ReduceType
 from fastcore.basics import patch
 from ..critic import explained_variance as masked_explained_variance, returns_std
 from ..settings import get_setting
+from ..core import masked_whiten
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
 from .config import SAOSection
 
@@ -99,6 +100,8 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
                                    self.sao.critic_lambda, self.sao.lambda_alpha)
     if self.adv_norm is not None:
         adv = self.adv_norm(adv, data["loss_mask"])
+    if self.sao.adv_whiten:  # after the returns: the critic's targets are untouched (as the testbed does)
+        adv = masked_whiten(adv, data["loss_mask"].bool())
     data["advantages"] = adv
     data["returns"] = ret
     am = data["loss_mask"].bool()

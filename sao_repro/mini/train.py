@@ -18,7 +18,7 @@ import torch
 from fastcore.basics import patch
 
 from ..advantages import RunningMeanBaseline, get_advantage
-from ..core import masked_mean, masked_var
+from ..core import masked_mean, masked_var, masked_whiten
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
@@ -122,6 +122,8 @@ def advantages(self: MiniTrainer, ro, old_values):
     if self.critic is not None:
         _, returns = get_advantage("gae")(ro.rewards, ro.loss_mask, values=old_values, gamma=s.gamma,
                                           lam=_lam(s.critic_lambda, ro.resp_len, s.lambda_alpha))
+    if s.adv_whiten:  # after the returns: the critic's targets are untouched
+        adv = masked_whiten(adv, ro.loss_mask)
     return adv, returns
 
 # %% ../../nbs/30_mini.train.ipynb #b201fdec
