@@ -550,3 +550,34 @@ def test_adv_whiten_whitens_advantages_not_returns():
     assert not torch.allclose(outs[True]["advantages"][m], outs[False]["advantages"][m])
     with pytest.raises(ValueError, match="sao.adv_whiten"):
         SAOSection(adv_whiten="yes")
+
+
+def test_critic_engine_freezes_attention_before_its_optimizer(monkeypatch):
+    "The SAO critic engine's _create_optimizer freezes the tiny HF model's self_attn.* first: AdamW then never holds their state."
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from sao_repro.areal.engine import make_engine_class
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    class Base:
+        def __init__(self, config): self.config = config
+        def _create_optimizer(self, ft_spec):
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+    cls = make_engine_class(Base, "critic", "SAOTestCritic")
+    eng = object.__new__(cls)
+    eng.config, eng.model = SimpleNamespace(sao=SAOSection(setting="sao", critic_freeze="attention", strict=False)), model
+    cls._create_optimizer(eng, None)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(".self_attn." in n for n in frozen) and len(frozen) == 7  # q, k, v (weight + bias), o
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for _ in range(2):  # K = 2 updates
+        eng.optimizer.zero_grad()
+        model(torch.randint(0, 32, (2, 5))).logits.square().mean().backward()
+        eng.optimizer.step()
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in frozen)
+    assert not torch.equal(before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"])
+    assert not any(after[n] in eng.optimizer.state for n in frozen)
+    bad = object.__new__(cls)
+    bad.config, bad.model = eng.config, torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="modules seen: 0"):
+        cls._create_optimizer(bad, None)

@@ -246,3 +246,32 @@ def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
     assert out[True]["adv/mean"] == pytest.approx(0.0, abs=1e-5) and out[True]["adv/std"] == pytest.approx(1.0, abs=1e-3)
     assert abs(out[False]["adv/std"] - 1.0) > 1e-2  # the unwhitened advantages were not already whitened
     assert out[True]["actor/loss"] != out[False]["actor/loss"]
+
+
+# ---------------------------------------------------------------- knobs: frozen-attention critic
+
+def test_frozen_attention_critic(tmp_path):
+    "critic_freeze=attention: after K updates per step the attention weights are bit-identical, MLP and head moved, no optimizer state for them."
+    import sao_repro.mini.train as MT
+    tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path, critic_freeze="attention"), log=None)
+    crit = tr.critic
+    before = {n: p.detach().clone() for n, p in crit.model.named_parameters()}
+    frozen = set(crit.frozen)
+    assert frozen and all((".qkv." in n or ".proj." in n) for n in frozen)
+    for _ in range(2):
+        tr.train_step()  # warmup steps: K=2 critic passes each
+    after = dict(crit.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in frozen)
+    assert not torch.equal(before["value_head.weight"], after["value_head.weight"])
+    assert not torch.equal(before["trunk.blocks.0.mlp.0.weight"], after["trunk.blocks.0.mlp.0.weight"])
+    held = {id(p) for p in crit.opt.state}
+    assert not any(id(after[n]) in held for n in frozen) and id(after["value_head.weight"]) in held
+    assert all(id(p) not in {id(after[n]) for n in frozen} for g in crit.opt.param_groups for p in g["params"])
+
+
+def test_freeze_pattern_matching_nothing_names_the_modules():
+    from sao_repro.critic import freeze_params
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match=r"match no parameter; modules seen: 0, 2"):
+        freeze_params(model, "attention")
+    assert freeze_params(model, "none") == [] and all(p.requires_grad for p in model.parameters())

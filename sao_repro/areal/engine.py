@@ -6,7 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal.engine.html.md"""
 
 # %% auto #0
 __all__ = ['SAO_STATE_FILE', 'ENGINE_BASES', 'SAOPPOActor', 'SAOPPOCritic', 'explained_variance', 'critic_health',
-           'save_sao_state', 'load_sao_state', 'make_engine_class', 'engine_class_name']
+           'save_sao_state', 'load_sao_state', 'freeze_critic', 'make_engine_class', 'engine_class_name']
 
 # %% ../../nbs/38_areal.engine.ipynb #fac8ed47
 import json
@@ -19,7 +19,7 @@ from areal.trainer.ppo.critic import PPOCritic
 from areal.utils import stats_tracker
 from areal.utils.stats_tracker import ReduceType
 from fastcore.basics import patch
-from ..critic import explained_variance as masked_explained_variance, returns_std
+from ..critic import explained_variance as masked_explained_variance, returns_std, freeze_params
 from ..settings import get_setting
 from ..core import masked_whiten
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
@@ -203,6 +203,15 @@ ENGINE_BASES = {  # our class name -> (AReaL module, AReaL class, role)
     "SAOMegatronPPOCritic": ("areal.engine.megatron_engine", "MegatronPPOCritic", "critic"),
 }
 
+def freeze_critic(engine) -> list[str]:
+    "Freeze the critic engine's parameters named by `sao.critic_freeze` (`freeze_params`); logs and returns them."
+    model = engine.model
+    model = torch.nn.ModuleList(model) if isinstance(model, (list, tuple)) else model  # Megatron: a list of chunks
+    names = freeze_params(model, _sao_of(engine.config).critic_freeze)
+    if names:
+        print(f"sao: critic_freeze={_sao_of(engine.config).critic_freeze}: {len(names)} parameter tensors frozen")
+    return names
+
 def make_engine_class(base:type, role:str, name:str|None=None) -> type:
     "Subclass an AReaL PPO engine so it runs `SAOPPOActor` / `SAOPPOCritic` and checkpoints the SAO state."
     name = name or f"SAO{base.__name__}"
@@ -217,12 +226,16 @@ def make_engine_class(base:type, role:str, name:str|None=None) -> type:
         if role == "actor":
             save_sao_state(self.actor, getattr(meta, "path", None))
         return out
+    def _create_optimizer(self, ft_spec):
+        if role == "critic":  # frozen parameters get no gradient, hence no optimizer state
+            freeze_critic(self)
+        return base._create_optimizer(self, ft_spec)
     def load(self, meta):
         out = base.load(self, meta)
         if role == "actor":
             load_sao_state(self.actor, getattr(meta, "path", None))
         return out
-    return type(name, (base,), {"__init__": __init__, "save": save, "load": load,
+    return type(name, (base,), {"__init__": __init__, "save": save, "load": load, "_create_optimizer": _create_optimizer,
                                 "__module__": "sao_repro.areal.engine", "__qualname__": name,
                                 "__doc__": f"AReaL's {base.__name__} running SAO's {role}."})
 

@@ -54,7 +54,7 @@ class MiniTrainer:
         if self.setting.critic:
             self.critic = CriticTrainer(_critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"]),
                                         lr=cfg.critic_lr, k_passes=self.setting.critic_k,
-                                        warmup_steps=self.setting.warmup_steps)
+                                        warmup_steps=self.setting.warmup_steps, freeze=self.setting.critic_freeze)
         elif log and any(getattr(cfg, k) is not None for k in ("critic_warmup", "critic_k", "critic_width")):
             log(f"note: {cfg.setting} has no critic; critic_warmup / critic_k / critic_width are recorded but unused")
         self.baseline = RunningMeanBaseline() if self.setting.advantage == "running_mean" else None
