@@ -275,3 +275,23 @@ def test_freeze_pattern_matching_nothing_names_the_modules():
     with pytest.raises(ValueError, match=r"match no parameter; modules seen: 0, 2"):
         freeze_params(model, "attention")
     assert freeze_params(model, "none") == [] and all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- knobs: critic warm start
+
+def test_critic_init_from_an_earlier_run(tmp_path):
+    "critic_init: the earlier run's critic weights are loaded, the source recorded in config.json; wrong shapes are refused."
+    import sao_repro.mini.train as MT
+    first = train_run(smoke_cfg("sao", tmp_path / "a", steps=3), log=None)
+    saved = torch.load(checkpoints(first)[-1], weights_only=False)["critic"]["model"]
+    tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "b", critic_init=str(first)), log=None)
+    assert all(torch.equal(v, saved[k]) for k, v in tr.critic.model.state_dict().items())
+    cold = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "c"), log=None)
+    assert not torch.equal(cold.critic.model.value_head.weight, saved["value_head.weight"])
+    d = train_run(smoke_cfg("sao", tmp_path / "b", steps=1, critic_init=str(first)), log=None)
+    src = json.loads((d / "config.json").read_text())["critic_source"]
+    assert src["path"] == str(checkpoints(first)[-1].resolve()) and src["step"] == 3 and len(src["sha256"]) == 64
+    with pytest.raises(ValueError, match="shapes differ"):
+        MT.MiniTrainer(smoke_cfg("sao", tmp_path / "e", critic_width=16, critic_init=str(first)), log=None)
+    with pytest.raises(ValueError, match="has no critic"):
+        MT.MiniTrainer(smoke_cfg("sao", tmp_path / "f", critic_init=str(train_run(smoke_cfg("grpo", tmp_path / "g", steps=1), log=None))), log=None)

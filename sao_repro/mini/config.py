@@ -54,6 +54,7 @@ class MiniRunConfig:
     critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
     critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
     critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's)"})
+    critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt (None: from the policy)"})
     adv_whiten: bool | None = field(default=None, metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"})
     critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
     policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
