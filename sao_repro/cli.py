@@ -87,6 +87,12 @@ def settings_main(argv:list[str]|None=None) -> int:
     for s in settings:
         band = "-" if s.band is None else f"[{s.band[0]:g}, {s.band[1]:g}]"
         print(f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<11} {s.advantage:<13} {s.role}")
+    from dataclasses import fields
+    from sao_repro.settings import KNOB_CHECKS, Setting
+    print(f"\n{'knob (checked by settings.check_knob)':<38} {'sao':<9} help")
+    for f in fields(Setting):
+        if f.name in KNOB_CHECKS:
+            print(f"{f.name:<38} {str(getattr(get_setting('sao'), f.name)):<9} {f.metadata['help']}")
     return 0
 
 # %% ../nbs/90_cli.ipynb #094aa1ed

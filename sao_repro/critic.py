@@ -14,7 +14,7 @@ from .core import check_shape, check_mask, masked_mean, masked_var
 from .loss import value_loss
 
 # %% auto #0
-__all__ = ['explained_variance', 'CriticTrainer']
+__all__ = ['FREEZE_PATTERNS', 'explained_variance', 'returns_std', 'freeze_params', 'CriticTrainer']
 
 # %% ../nbs/14_critic.ipynb #0b44b027
 @torch.no_grad()
@@ -31,6 +31,35 @@ def explained_variance(
         return float("nan")
     return 1.0 - float(masked_var((returns - values).float(), loss_mask)) / var_r
 
+@torch.no_grad()
+def returns_std(returns:torch.Tensor, # [B, T] targets
+                loss_mask:torch.Tensor, # [B, T] bool
+               ) -> float:
+    "Standard deviation of the returns over the mask (0: every return equal, a degenerate batch for the critic)."
+    check_mask("loss_mask", loss_mask, returns)
+    return float(masked_var(returns.float(), loss_mask).clamp_min(0).sqrt())
+
+# %% ../nbs/14_critic.ipynb #5719a84e
+FREEZE_PATTERNS = {"none": (), "attention": (r"(?:^|\.)(?:self_attn|self_attention|attn|attention)\.", r"(?:^|\.)(?:qkv|proj)\.")}
+
+def freeze_params(model:nn.Module, # the critic
+                  freeze:str="none", # a key of FREEZE_PATTERNS
+                 ) -> list[str]:
+    "Set `requires_grad=False` on the parameters `freeze` names; returns their names (an empty match raises)."
+    import re
+    if freeze not in FREEZE_PATTERNS:
+        raise ValueError(f"critic_freeze={freeze!r}: use one of {', '.join(FREEZE_PATTERNS)}")
+    pats = [re.compile(p) for p in FREEZE_PATTERNS[freeze]]
+    names = [n for n, _ in model.named_parameters() if any(p.search(n) for p in pats)]
+    if pats and not names:
+        seen = sorted({n.rsplit(".", 1)[0] for n, _ in model.named_parameters()})
+        raise ValueError(f"critic_freeze={freeze!r}: patterns {FREEZE_PATTERNS[freeze]} match no parameter; "
+                         f"modules seen: {', '.join(seen[:40])}")
+    for n, p in model.named_parameters():
+        if n in names:
+            p.requires_grad_(False)
+    return names
+
 # %% ../nbs/14_critic.ipynb #c7789e73
 class CriticTrainer:
     "K passes of clipped value regression per step, with warmup and its own optimizer."
@@ -44,6 +73,7 @@ class CriticTrainer:
                  max_grad_norm:float=1.0, # gradient clipping
                  weight_decay:float=0.0, # AdamW weight decay
                  seed:int=0, # seed of the minibatch shuffling
+                 freeze:str="none", # parameters kept frozen (`freeze_params`): 'none' or 'attention'
                 ):
         for name, val in (("k_passes", k_passes), ("n_minibatches", n_minibatches)):
             if int(val) < 1:
@@ -52,7 +82,8 @@ class CriticTrainer:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.model, self.k_passes, self.n_minibatches = model, int(k_passes), int(n_minibatches)
         self.warmup_steps, self.eps_clip, self.max_grad_norm = int(warmup_steps), eps_clip, max_grad_norm
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.frozen = freeze_params(model, freeze)
+        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
         self.gen = torch.Generator().manual_seed(seed)
 
     def in_warmup(self, step:int) -> bool:
@@ -105,4 +136,5 @@ def update(self:CriticTrainer,
             self.opt.step()
             losses.append(float(loss.detach()))
     return {"critic/value_loss": sum(losses) / len(losses), "critic/explained_var": ev,
-            "critic/grad_norm": sum(norms) / len(norms)}
+            "critic/grad_norm": sum(norms) / len(norms), "critic/grad_norm_max": max(norms),
+            "critic/grad_clip": float(self.max_grad_norm), "critic/returns_std": returns_std(returns, loss_mask)}

@@ -35,6 +35,8 @@ class Setting:
     lambda_alpha:float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
     critic_lambda:float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte Carlo)"})
     gamma:float = field(default=1.0, metadata={"help": "discount"})
+    critic_freeze:str = field(default="none", metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (the paper's section 3.2: only MLP and value head train)", "choices": ("none", "attention")})
+    adv_whiten:bool = field(default=False, metadata={"help": "whiten policy advantages per batch (mean / std over action tokens) after the critic's returns are taken"})
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -100,6 +102,16 @@ def _lambda(v) -> float|str:
         raise ValueError("must be in (0, 1] (or 'adaptive')")
     return x
 
+def _flag(v) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("use true or false")
+    return v
+
+def _freeze(v) -> str:
+    if v not in ("none", "attention"):
+        raise ValueError("use 'none' or 'attention'")
+    return v
+
 def _positive(v) -> float:
     x = float(v)
     if not x > 0.0:
@@ -107,7 +119,8 @@ def _positive(v) -> float:
     return x
 
 KNOB_CHECKS = {"critic_k": _positive_int, "warmup_steps": _count, "policy_lambda": _lambda,
-               "lambda_alpha": _positive, "critic_lambda": _unit, "gamma": _unit}
+               "lambda_alpha": _positive, "critic_lambda": _unit, "gamma": _unit, "adv_whiten": _flag,
+               "critic_freeze": _freeze}
 
 def check_knob(field:str, # a Setting field among KNOB_CHECKS
                value, # the value to check

@@ -329,7 +329,8 @@ def test_critic_metrics_and_validation():
     ct = CriticTrainer(_table_critic(), lr=0.1, warmup_steps=3)
     assert [ct.in_warmup(s) for s in range(5)] == [True, True, True, False, False]
     m = ct.update(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool), torch.randn(2, 3))
-    assert set(m) == {"critic/value_loss", "critic/explained_var", "critic/grad_norm"}
+    assert set(m) == {"critic/value_loss", "critic/explained_var", "critic/grad_norm", "critic/grad_norm_max", "critic/grad_clip",
+                      "critic/returns_std"}
     assert math.isnan(explained_variance(torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)))
     with pytest.raises(ValueError, match="n_minibatches"):
         CriticTrainer(_table_critic(), n_minibatches=0)

@@ -505,3 +505,79 @@ def test_math_dataset_and_reward_env_for_the_workers(tmp_path, monkeypatch):
     assert env == {"SAO_REWARD_BACKEND": "ray", "SAO_REWARD_WORKERS": "7", "SAO_REWARD_TIMEOUT_S": "5.0"}
     assert all(spec.env_vars["SAO_REWARD_WORKERS"] == "7" for spec in cfg.rollout.scheduling_spec)
     assert cfg.sao.reward_fn == "sao_repro.reward.math_reward_fn"
+
+
+def test_critic_logs_what_the_health_flags_read():
+    "critic/grad_clip (the optimizer's gradient_clipping) and critic/returns_std, 0 for a degenerate batch."
+    from areal.utils import stats_tracker
+    from sao_repro.areal.engine import critic_health
+    cfg = SimpleNamespace(optimizer=SimpleNamespace(gradient_clipping=1.0))
+    d = [{"returns": torch.tensor([[1.0, 0.0, 1.0]]), "loss_mask": torch.ones(1, 3)}]
+    h = critic_health(d, cfg)
+    assert h["critic/grad_clip"] == 1.0 and abs(h["critic/returns_std"] - (2 / 9) ** 0.5) < 1e-6  # population std of 1, 0, 1
+    same = [{"returns": torch.ones(1, 3), "loss_mask": torch.ones(1, 3)}]
+    assert critic_health(same, cfg)["critic/returns_std"] == 0.0
+    stats_tracker.export()  # drop what earlier tests left
+    from areal.trainer.ppo.critic import PPOCritic
+    from sao_repro.areal.config import SAOCriticConfig
+    from areal.api.cli_args import OptimizerConfig
+    critic = SAOPPOCritic(SAOCriticConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
+                                          optimizer=OptimizerConfig(gradient_clipping=10.0),
+                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10)), None)
+    orig = PPOCritic.ppo_update
+    PPOCritic.ppo_update = lambda self, data: None
+    try:
+        critic.ppo_update([{**same[0], "values": torch.zeros(1, 3)}])
+    finally:
+        PPOCritic.ppo_update = orig
+    out = stats_tracker.export()
+    assert out["critic/returns_std"] == 0.0 and "critic/explained_var" not in out and out["critic/grad_clip"] == 10.0
+
+
+def test_adv_whiten_whitens_advantages_not_returns():
+    "sao.adv_whiten: advantages mean 0 / std 1 over the action tokens; returns (the critic's targets) identical."
+    data = random_batch(5)
+    outs = {}
+    for w in (False, True):
+        ours = SAOPPOActor(SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
+                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10,
+                                                         adv_whiten=w, strict=False)), engine=None)
+        outs[w] = ours._compute_advantages(copy.deepcopy(data))
+    m = outs[True]["loss_mask"].bool()
+    assert torch.equal(outs[True]["returns"], outs[False]["returns"])
+    a = outs[True]["advantages"][m]
+    assert abs(float(a.mean())) < 1e-5 and abs(float(a.var(unbiased=False)) - 1.0) < 1e-4
+    assert not torch.allclose(outs[True]["advantages"][m], outs[False]["advantages"][m])
+    with pytest.raises(ValueError, match="sao.adv_whiten"):
+        SAOSection(adv_whiten="yes")
+
+
+def test_critic_engine_freezes_attention_before_its_optimizer(monkeypatch):
+    "The SAO critic engine's _create_optimizer freezes the tiny HF model's self_attn.* first: AdamW then never holds their state."
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from sao_repro.areal.engine import make_engine_class
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    class Base:
+        def __init__(self, config): self.config = config
+        def _create_optimizer(self, ft_spec):
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+    cls = make_engine_class(Base, "critic", "SAOTestCritic")
+    eng = object.__new__(cls)
+    eng.config, eng.model = SimpleNamespace(sao=SAOSection(setting="sao", critic_freeze="attention", strict=False)), model
+    cls._create_optimizer(eng, None)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(".self_attn." in n for n in frozen) and len(frozen) == 7  # q, k, v (weight + bias), o
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for _ in range(2):  # K = 2 updates
+        eng.optimizer.zero_grad()
+        model(torch.randint(0, 32, (2, 5))).logits.square().mean().backward()
+        eng.optimizer.step()
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in frozen)
+    assert not torch.equal(before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"])
+    assert not any(after[n] in eng.optimizer.state for n in frozen)
+    bad = object.__new__(cls)
+    bad.config, bad.model = eng.config, torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="modules seen: 0"):
+        cls._create_optimizer(bad, None)

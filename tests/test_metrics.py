@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import sao_repro.metrics as M
+from sao_repro.metrics.health import SAO_FLAGS
 from sao_repro.metrics import (COLUMNS, RunReader, collect_metrics, run_flags, scan_runs, smooth, summarize_runs,
                                summarize_settings, window)
 
@@ -250,7 +251,7 @@ def test_healthy_run_has_no_flags(tmp_path):
     healthy(tmp_path)
     f = flags_of(tmp_path)["mini/sao/seed0"]
     assert {k: v for k, v in f.items() if k != "reward_timeout_rate"} == {
-        "oom": False, "nan": False, "stalled": False, "finished": False, "crashed": False}
+        "oom": False, "nan": False, "stalled": False, "finished": False, "crashed": False, **dict.fromkeys(SAO_FLAGS, False)}
     assert f["reward_timeout_rate"] is None
 
 
@@ -433,3 +434,38 @@ def test_backends_do_not_import_the_metrics_reader():
     trainer = ast.parse((pkg / "areal" / "trainer.py").read_text())
     assert any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("runlog") and
                "areal_to_metrics" in [a.name for a in n.names] for n in ast.walk(trainer))
+
+
+# ---------------------------------------------------------------- SAO health flags, read from a run folder
+
+def sao_log(root, n=30, **per_step):
+    d = run_dir(root, "sao")
+    rows = [{"step": s, "acc": 0.5, **{k: (f(s) if callable(f) else f) for k, f in per_step.items()}} for s in range(1, n + 1)]
+    (d / "metrics.jsonl").write_bytes(b"".join(jl(**r) for r in rows))
+    return d
+
+
+def test_starved_critic_log_sets_the_flag_and_its_step(tmp_path):
+    sao_log(tmp_path, **{"critic/grad_norm": lambda s: 40.0 if s >= 10 else 0.5, "critic/grad_clip": 1.0,
+                         "critic/explained_var": 0.4})
+    info = scan_runs(tmp_path)[0]
+    assert info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 12
+    assert not any(info["flags"][f] for f in SAO_FLAGS if f != "critic_starved")
+
+
+def test_healthy_critic_log_sets_no_sao_flag(tmp_path):
+    sao_log(tmp_path, n=80, **{"critic/grad_norm": lambda s: 5.0 if s % 2 else 0.5, "critic/grad_clip": 1.0,
+                               "critic/explained_var": lambda s: min(0.45, -0.4 + 0.05 * s), "critic/returns_std": 0.3,
+                               "adv/max": 0.8, "dis/kept_frac": 0.95})
+    info = scan_runs(tmp_path)[0]
+    assert not any(info["flags"][f] for f in SAO_FLAGS) and set(info["flag_steps"].values()) == {None}
+
+
+def test_degenerate_step_is_marked_not_a_huge_negative(tmp_path):
+    sao_log(tmp_path, n=4, **{"critic/returns_std": lambda s: 0.0 if s == 2 else 0.5,
+                              "critic/explained_var": lambda s: -3e7 if s == 2 else 0.3})
+    df = collect_metrics(tmp_path)
+    ev = df[df.metric == "critic/explained_var"].set_index("step").value
+    assert math.isnan(ev[2]) and ev[1] == 0.3
+    assert df[(df.metric == "critic/returns_degenerate")].step.tolist() == [2]
+    assert scan_runs(tmp_path)[0]["flag_steps"]["degenerate_returns"] == 2

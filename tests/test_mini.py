@@ -229,3 +229,69 @@ def test_run_setting_notebook_smoke(tmp_path):
     assert json.loads((d / "config.json").read_text())["preset"] == "smoke"
     nb = json.loads(out_nb.read_text())
     assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))
+
+
+# ---------------------------------------------------------------- knobs: advantage whitening
+
+def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
+    "Whitened advantages (mean 0, std 1 over action tokens); the critic's targets, loss and grad norm are untouched."
+    import sao_repro.mini.train as MT
+    out = {}
+    for w in (False, True):
+        tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / str(w), critic_warmup=0, adv_whiten=w), log=None)
+        assert tr.setting.adv_whiten is w
+        out[w] = tr.train_step()  # step 1: same rollout, same critic; the policy updates after the critic
+    for k in ("critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/returns_std"):
+        assert out[True][k] == out[False][k], k
+    assert out[True]["adv/mean"] == pytest.approx(0.0, abs=1e-5) and out[True]["adv/std"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(out[False]["adv/std"] - 1.0) > 1e-2  # the unwhitened advantages were not already whitened
+    assert out[True]["actor/loss"] != out[False]["actor/loss"]
+
+
+# ---------------------------------------------------------------- knobs: frozen-attention critic
+
+def test_frozen_attention_critic(tmp_path):
+    "critic_freeze=attention: after K updates per step the attention weights are bit-identical, MLP and head moved, no optimizer state for them."
+    import sao_repro.mini.train as MT
+    tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path, critic_freeze="attention"), log=None)
+    crit = tr.critic
+    before = {n: p.detach().clone() for n, p in crit.model.named_parameters()}
+    frozen = set(crit.frozen)
+    assert frozen and all((".qkv." in n or ".proj." in n) for n in frozen)
+    for _ in range(2):
+        tr.train_step()  # warmup steps: K=2 critic passes each
+    after = dict(crit.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in frozen)
+    assert not torch.equal(before["value_head.weight"], after["value_head.weight"])
+    assert not torch.equal(before["trunk.blocks.0.mlp.0.weight"], after["trunk.blocks.0.mlp.0.weight"])
+    held = {id(p) for p in crit.opt.state}
+    assert not any(id(after[n]) in held for n in frozen) and id(after["value_head.weight"]) in held
+    assert all(id(p) not in {id(after[n]) for n in frozen} for g in crit.opt.param_groups for p in g["params"])
+
+
+def test_freeze_pattern_matching_nothing_names_the_modules():
+    from sao_repro.critic import freeze_params
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match=r"match no parameter; modules seen: 0, 2"):
+        freeze_params(model, "attention")
+    assert freeze_params(model, "none") == [] and all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- knobs: critic warm start
+
+def test_critic_init_from_an_earlier_run(tmp_path):
+    "critic_init: the earlier run's critic weights are loaded, the source recorded in config.json; wrong shapes are refused."
+    import sao_repro.mini.train as MT
+    first = train_run(smoke_cfg("sao", tmp_path / "a", steps=3), log=None)
+    saved = torch.load(checkpoints(first)[-1], weights_only=False)["critic"]["model"]
+    tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "b", critic_init=str(first)), log=None)
+    assert all(torch.equal(v, saved[k]) for k, v in tr.critic.model.state_dict().items())
+    cold = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "c"), log=None)
+    assert not torch.equal(cold.critic.model.value_head.weight, saved["value_head.weight"])
+    d = train_run(smoke_cfg("sao", tmp_path / "b", steps=1, critic_init=str(first)), log=None)
+    src = json.loads((d / "config.json").read_text())["critic_source"]
+    assert src["path"] == str(checkpoints(first)[-1].resolve()) and src["step"] == 3 and len(src["sha256"]) == 64
+    with pytest.raises(ValueError, match="shapes differ"):
+        MT.MiniTrainer(smoke_cfg("sao", tmp_path / "e", critic_width=16, critic_init=str(first)), log=None)
+    with pytest.raises(ValueError, match="has no critic"):
+        MT.MiniTrainer(smoke_cfg("sao", tmp_path / "f", critic_init=str(train_run(smoke_cfg("grpo", tmp_path / "g", steps=1), log=None))), log=None)

@@ -265,3 +265,24 @@ def test_script_and_style_are_package_data_served_as_shipped(server):
         assert code == 200 and body == (pkg / "static" / name).read_bytes()
         assert headers["Content-Security-Policy"].startswith("default-src 'none'")
     assert (pkg / "static" / "monitor.js").read_text() == JS and (pkg / "static" / "monitor.css").read_text() == CSS
+
+
+def test_starved_critic_flag_served_and_listed_by_the_page(tmp_path, monkeypatch):
+    "A synthetic starved-critic log: /api/runs carries the flag and its step; the script and style know every SAO flag."
+    from sao_repro.metrics.health import SAO_FLAGS
+    d = tmp_path / "runs" / "mini" / "sao" / "seed0"
+    d.mkdir(parents=True)
+    rows = [{"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 7)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    srv = serve_in_thread(tmp_path / "runs", port=0, refresh_s=0.0)
+    try:
+        run = strict_json(request(srv, "/api/runs")[1])[0]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert run["flags"]["critic_starved"] is True and run["flag_steps"]["critic_starved"] == 5  # steps 3, 4, 5
+    assert run["flags"]["critic_flat"] is False
+    listed = re.search(r"const FLAGS = \[(.*?)\];", JS, re.S).group(1)
+    for f in SAO_FLAGS:
+        assert f'"{f}"' in listed and f".flag-{f}" in CSS, f

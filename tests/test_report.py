@@ -142,12 +142,13 @@ def test_reference_numbers_are_separate_and_labeled(rendered):
 def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
-    assert len(lines) == 7  # accuracy, headline, numbers, per run, DIS, critic, distance (design / reference name their sources)
+    assert len(lines) == 8  # accuracy, headline, numbers, per run, DIS, critic, health, distance (design / reference name their sources)
     named = [set(re.findall(r"mini/(\w+)/seed(\d)", line)) for line in lines]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert named[0] == named[1] == named[2] == named[3] == named[6] == every
+    assert named[0] == named[1] == named[2] == named[3] == named[6] == named[7] == every
     assert named[4] == named[5] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
-    assert html.count("sao-repro report --runs") >= 8
+    assert html.count("sao-repro report --runs") >= 9
+    assert 'id="health-table"' in html
     assert "sao-repro run --setting sao --seed 1 --steps 60" in html
 
 

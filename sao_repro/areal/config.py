@@ -39,6 +39,8 @@ class SAOSection:
     policy_lambda: str = field(default="1.0", metadata={"help": "GAE lambda of the policy advantage: a number in (0, 1] or 'adaptive'"})
     lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
     critic_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte-Carlo returns)"})
+    critic_freeze: str = field(default="none", metadata={"help": "critic parameters frozen before its optimizer is built: 'none' or 'attention' (name patterns: sao_repro.critic.FREEZE_PATTERNS)", "choices": ["none", "attention"]})
+    adv_whiten: bool = field(default=False, metadata={"help": "whiten policy advantages per batch (mean / std over action tokens) after the returns are taken (keep actor.adv_norm null)"})
     running_mean_mode: str = field(default="exact", metadata={"help": "running_mean baseline: 'exact' (sum / count) or 'ema'", "choices": ["exact", "ema"]})
     running_mean_decay: float = field(default=0.99, metadata={"help": "EMA decay of the running_mean baseline"})
     reward_fn: str = field(default="sao_repro.reward.math_reward_fn", metadata={"help": "dotted path of the AReaL reward function"})
@@ -50,7 +52,7 @@ class SAOSection:
     def __post_init__(self):
         if self.setting not in list_settings():
             raise ValueError(f"sao.setting={self.setting!r} is not a registered setting; use one of {', '.join(list_settings())}")
-        for k in ("critic_k", "warmup_steps", "policy_lambda", "lambda_alpha", "critic_lambda"):  # the setting's own checks
+        for k in ("critic_k", "warmup_steps", "policy_lambda", "lambda_alpha", "critic_lambda", "adv_whiten", "critic_freeze"):  # the setting's own checks
             check_knob(k, getattr(self, k), f"sao.{k}")
         if self.running_mean_mode not in ("exact", "ema"):
             raise ValueError(f"sao.running_mean_mode={self.running_mean_mode!r}: use 'exact' or 'ema'")
@@ -145,7 +147,9 @@ def setting_mismatches(
         need("sao.critic_k", cfg.sao.critic_k, s.critic_k)
         need("sao.warmup_steps", cfg.sao.warmup_steps, s.warmup_steps)
         need("sao.critic_lambda", cfg.sao.critic_lambda, s.critic_lambda)
+        need("sao.critic_freeze", cfg.sao.critic_freeze, s.critic_freeze)
     need("sao.policy_lambda", cfg.sao.policy_lambda_value, s.policy_lambda)
+    need("sao.adv_whiten", cfg.sao.adv_whiten, s.adv_whiten)
     if s.policy_lambda == "adaptive":
         need("sao.lambda_alpha", cfg.sao.lambda_alpha, s.lambda_alpha)
     want = areal_actor_keys(s)

@@ -6,7 +6,8 @@ Docs: https://sao-repro.github.io/sao-repro/areal.engine.html.md"""
 
 # %% auto #0
 __all__ = ['SAO_STATE_FILE', 'ENGINE_BASES', 'SAOPPOActor', 'version_stats', 'logp_gap_stats', 'SAOPPOCritic',
-           'explained_variance', 'save_sao_state', 'load_sao_state', 'make_engine_class', 'engine_class_name']
+           'explained_variance', 'critic_health', 'save_sao_state', 'load_sao_state', 'freeze_critic',
+           'make_engine_class', 'engine_class_name']
 
 # %% ../../nbs/38_areal.engine.ipynb #fac8ed47
 import json
@@ -19,8 +20,9 @@ from areal.trainer.ppo.critic import PPOCritic
 from areal.utils import stats_tracker
 from areal.utils.stats_tracker import ReduceType
 from fastcore.basics import patch
-from ..critic import explained_variance as masked_explained_variance
+from ..critic import explained_variance as masked_explained_variance, returns_std, freeze_params
 from ..settings import get_setting
+from ..core import masked_whiten
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
 from .config import SAOSection
 
@@ -132,8 +134,13 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
                                    self.sao.critic_lambda, self.sao.lambda_alpha)
     if self.adv_norm is not None:
         adv = self.adv_norm(adv, data["loss_mask"])
+    if self.sao.adv_whiten:  # after the returns: the critic's targets are untouched (as the testbed does)
+        adv = masked_whiten(adv, data["loss_mask"].bool())
     data["advantages"] = adv
     data["returns"] = ret
+    am = data["loss_mask"].bool()
+    if am.any():  # the largest advantage: a batch whose every advantage is < 0 only pushes probabilities down
+        stats_tracker.scalar(**{"adv/max": float(adv[am].max())})
     data["kl_rewards"] = kl_rewards
     data["tot_rewards"] = rewards
     if isinstance(self.reward_norm, RunningMeanRewardNorm):  # the baseline's state, so a resumed run shows it continuing
@@ -166,9 +173,9 @@ class SAOPPOCritic(PPOCritic):
 
     def ppo_update(self, data:list) -> None:
         ev = explained_variance(data)
-        if ev is not None:
-            with stats_tracker.DEFAULT_TRACKER.disable_scope():
-                stats_tracker.scalar(**{"critic/explained_var": ev})
+        health = critic_health(data, self.config)
+        with stats_tracker.DEFAULT_TRACKER.disable_scope():
+            stats_tracker.scalar(**({"critic/explained_var": ev} if ev is not None else {}), **health)
         for _ in range(self.sao.critic_k):
             PPOCritic.ppo_update(self, data)
 
@@ -182,6 +189,20 @@ def explained_variance(
     v, r, m = (torch.cat([d[k].flatten() for d in data])[None] for k in keys)
     ev = masked_explained_variance(v.float(), r.float(), m.bool())
     return None if math.isnan(ev) else ev
+
+def critic_health(
+    data:list, # per-trajectory dicts with "returns", "loss_mask"
+    config, # the critic's PPOCriticConfig (its optimizer's gradient_clipping)
+) -> dict:
+    "`critic/grad_clip` and `critic/returns_std`: what the starved-critic and degenerate-returns flags read."
+    out = {}
+    clip = getattr(getattr(config, "optimizer", None), "gradient_clipping", None)
+    if clip is not None:
+        out["critic/grad_clip"] = float(clip)
+    if data and all("returns" in d and "loss_mask" in d for d in data):
+        r, m = (torch.cat([d[k].flatten() for d in data])[None] for k in ("returns", "loss_mask"))
+        out["critic/returns_std"] = returns_std(r.float(), m.bool())
+    return out
 
 # %% ../../nbs/38_areal.engine.ipynb #a47f617f
 SAO_STATE_FILE = "sao_state.json"
@@ -216,6 +237,15 @@ ENGINE_BASES = {  # our class name -> (AReaL module, AReaL class, role)
     "SAOMegatronPPOCritic": ("areal.engine.megatron_engine", "MegatronPPOCritic", "critic"),
 }
 
+def freeze_critic(engine) -> list[str]:
+    "Freeze the critic engine's parameters named by `sao.critic_freeze` (`freeze_params`); logs and returns them."
+    model = engine.model
+    model = torch.nn.ModuleList(model) if isinstance(model, (list, tuple)) else model  # Megatron: a list of chunks
+    names = freeze_params(model, _sao_of(engine.config).critic_freeze)
+    if names:
+        print(f"sao: critic_freeze={_sao_of(engine.config).critic_freeze}: {len(names)} parameter tensors frozen")
+    return names
+
 def make_engine_class(base:type, role:str, name:str|None=None) -> type:
     "Subclass an AReaL PPO engine so it runs `SAOPPOActor` / `SAOPPOCritic` and checkpoints the SAO state."
     name = name or f"SAO{base.__name__}"
@@ -230,12 +260,16 @@ def make_engine_class(base:type, role:str, name:str|None=None) -> type:
         if role == "actor":
             save_sao_state(self.actor, getattr(meta, "path", None))
         return out
+    def _create_optimizer(self, ft_spec):
+        if role == "critic":  # frozen parameters get no gradient, hence no optimizer state
+            freeze_critic(self)
+        return base._create_optimizer(self, ft_spec)
     def load(self, meta):
         out = base.load(self, meta)
         if role == "actor":
             load_sao_state(self.actor, getattr(meta, "path", None))
         return out
-    return type(name, (base,), {"__init__": __init__, "save": save, "load": load,
+    return type(name, (base,), {"__init__": __init__, "save": save, "load": load, "_create_optimizer": _create_optimizer,
                                 "__module__": "sao_repro.areal.engine", "__qualname__": name,
                                 "__doc__": f"AReaL's {base.__name__} running SAO's {role}."})
 

@@ -17,7 +17,7 @@ from fastcore.basics import patch
 from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, valid_step
 from ..runlog import add_derived, areal_to_metrics, flatten, graded_count, online_accuracy, to_float
 from .areal import ArealLogParser, clean_log_line, is_areal_log
-from .health import HealthScan, health_flags, nonfinite_watched, timeout_rate
+from .health import HealthScan, health_flags, mark_degenerate, nonfinite_watched, sao_flags, timeout_rate
 from .runs import AREAL_LOGS, LOG_SUFFIXES, areal_logs, find_runs, read_config, readable, run_identity
 from .summary import smooth, summarize_runs, summarize_settings, to_wide, window
 
@@ -167,7 +167,7 @@ class RunReader:
     def _add(self, step:int, values:dict):
         self.nonfinite = self.nonfinite or nonfinite_watched(values)
         self.graded += graded_count(values) or 0.0
-        self.steps.setdefault(step, {}).update(values)
+        self.steps.setdefault(step, {}).update(mark_degenerate(values))
         if getattr(self, "max_steps", None) and len(self.steps) > self.max_steps:
             self.thin_steps()
 
@@ -259,16 +259,16 @@ def flags(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict
     ended = (self.areal is not None and self.areal.finished) or (total is not None and max(self.steps, default=-1) >= total)
     rate = timeout_rate(self.steps, self.health.timeouts, self.graded)
     return health_flags(self.health, ended, self.last_step_time or self._start_time(), self.nonfinite, rate,
-                        stall_minutes, now)
+                        stall_minutes, now, sao_flags(self.steps))
 
 # %% ../../nbs/64_metrics.ipynb #5eaf9297
 @patch
 def info(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
-    "JSON-ready summary: run, setting, seed, backend, last step, flags, skip counts, health messages."
+    "JSON-ready summary: run, setting, seed, backend, last step, flags (with the step of each SAO flag), skip counts, health messages."
     last = max(self.steps, default=None)
     t = self.last_step_time
     return {"run": self.run, **self.identity, "last_step": last, "n_steps": len(self.steps),
-            "flags": self.flags(stall_minutes, now),
+            "flags": self.flags(stall_minutes, now), "flag_steps": sao_flags(self.steps),
             "last_update": None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)),
             "reward_timeouts": self.health.timeouts, "skipped": dict(self.skipped),
             "messages": list(self.health.messages)}

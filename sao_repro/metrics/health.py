@@ -12,8 +12,10 @@ import time
 from ..runlog import EVENTS_FILE
 
 # %% auto #0
-__all__ = ['OOM_RE', 'NAN_RE', 'TIMEOUT_RE', 'PROGRESS_RE', 'TRACEBACK', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'FileHealth',
-           'HealthScan', 'nonfinite_watched', 'pool_timeout_rate', 'timeout_rate', 'health_flags']
+__all__ = ['OOM_RE', 'NAN_RE', 'TIMEOUT_RE', 'PROGRESS_RE', 'TRACEBACK', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'EV_NEGATIVE_AFTER',
+           'EV_RECENT', 'EV_FLAT', 'EV_FLAT_STEPS', 'STARVED_STEPS', 'ALL_NEGATIVE_STEPS', 'DIS_HEAVY_FRAC',
+           'DIS_RECENT', 'RETURNS_EPS', 'SAO_FLAGS', 'FileHealth', 'HealthScan', 'nonfinite_watched',
+           'pool_timeout_rate', 'timeout_rate', 'mark_degenerate', 'sao_flags', 'health_flags']
 
 # %% ../../nbs/61_metrics.health.ipynb #67691b60
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory: kill|oom[-_ ]?kill|memory cgroup out of memory"
@@ -131,6 +133,62 @@ def timeout_rate(
         return min(1.0, log_timeouts / graded)
     return None
 
+# %% ../../nbs/61_metrics.health.ipynb #7c03428c
+EV_NEGATIVE_AFTER = 20  # critic_negative: steps with a defined explained variance before the flag can be set
+EV_RECENT = 5  # critic_negative: these many latest explained variances must all be < 0
+EV_FLAT = 0.3  # critic_flat: an explained variance at or below this is flat
+EV_FLAT_STEPS = 50  # critic_flat: for this many latest steps
+STARVED_STEPS = 3  # critic_starved: consecutive steps with the pre-clip critic grad norm above its clip
+ALL_NEGATIVE_STEPS = 3  # all_negative: consecutive steps whose largest advantage is < 0
+DIS_HEAVY_FRAC = 0.2  # dis_heavy: mean share of tokens DIS zeroed above this
+DIS_RECENT = 10  # dis_heavy: over this many latest steps
+RETURNS_EPS = 1e-12  # degenerate_returns: a returns std at or below this means every return was equal
+SAO_FLAGS = ("critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns")
+
+def mark_degenerate(values:dict) -> dict:
+    "One step's metrics with a degenerate batch (all returns equal) marked and its explained variance set to NaN."
+    rs = values.get("critic/returns_std")
+    if rs is not None and math.isfinite(rs) and rs <= RETURNS_EPS:
+        return {**values, "critic/explained_var": float("nan"), "critic/returns_degenerate": 1.0}
+    return values
+
+# %% ../../nbs/61_metrics.health.ipynb #74168811
+def _series(steps:dict, key:str) -> list[tuple[int, float]]:
+    return [(s, m[key]) for s, m in sorted(steps.items()) if key in m and math.isfinite(m[key])]
+
+def _first_run(pairs:list[tuple[int, bool]], n:int) -> int|None:
+    "The step at which `n` consecutive True values were first reached."
+    count = 0
+    for s, hit in pairs:
+        count = count + 1 if hit else 0
+        if count >= n:
+            return s
+    return None
+
+def _zeroed(m:dict) -> float|None:
+    lo, hi = m.get("dis/masked_below_frac"), m.get("dis/masked_above_frac")
+    if lo is not None and hi is not None:
+        return lo + hi
+    k = m.get("dis/kept_frac")
+    return None if k is None else 1.0 - k
+
+# %% ../../nbs/61_metrics.health.ipynb #c1fbef4c
+def sao_flags(steps:dict, # {step: {metric: value}} of one run
+             ) -> dict[str, int|None]:
+    "The step at which each SAO health flag (`SAO_FLAGS`) was set, or None."
+    ev = _series(steps, "critic/explained_var")
+    neg = ev[-1][0] if len(ev) >= EV_NEGATIVE_AFTER and all(v < 0 for _, v in ev[-EV_RECENT:]) else None
+    flat = ev[-1][0] if len(ev) >= EV_FLAT_STEPS and all(v <= EV_FLAT for _, v in ev[-EV_FLAT_STEPS:]) else None
+    gn = [(s, m["critic/grad_norm"] > m["critic/grad_clip"]) for s, m in sorted(steps.items())
+          if math.isfinite(m.get("critic/grad_norm", math.nan)) and math.isfinite(m.get("critic/grad_clip", math.nan))]
+    adv = [(s, v < 0) for s, v in _series(steps, "adv/max")]
+    z = [(s, x) for s, m in sorted(steps.items()) if (x := _zeroed(m)) is not None and math.isfinite(x)][-DIS_RECENT:]
+    heavy = z[-1][0] if z and sum(x for _, x in z) / len(z) > DIS_HEAVY_FRAC else None
+    degen = [s for s, v in _series(steps, "critic/returns_std") if v <= RETURNS_EPS]
+    return {"critic_negative": neg, "critic_flat": flat, "critic_starved": _first_run(gn, STARVED_STEPS),
+            "all_negative": _first_run(adv, ALL_NEGATIVE_STEPS), "dis_heavy": heavy,
+            "degenerate_returns": degen[-1] if degen else None}
+
 # %% ../../nbs/61_metrics.health.ipynb #8575a974
 def health_flags(
     health:HealthScan, # what the run's log lines said
@@ -140,11 +198,13 @@ def health_flags(
     reward_timeout_rate:float|None=None, # the run's reward-timeout rate (`timeout_rate`)
     stall_minutes:float=10.0, # a run with no new step for this long is `stalled`
     now:float|None=None, # the current time (default: `time.time()`)
+    sao:dict|None=None, # `sao_flags` of the run's steps: each SAO flag is True when it has a step
 ) -> dict:
-    "Health flags of a run: oom, nan, stalled, finished, crashed, reward_timeout_rate."
+    "Health flags of a run: oom, nan, stalled, finished, crashed, reward_timeout_rate, and the SAO flags."
     now = time.time() if now is None else now
     finished = health.finished or finished
     crashed = (not finished) and health.crashed()
     stalled = (not finished) and (not crashed) and last_time is not None and now - last_time > stall_minutes * 60
     return {"oom": health.oom, "nan": health.nan or nonfinite, "stalled": stalled,
-            "finished": finished, "crashed": crashed, "reward_timeout_rate": reward_timeout_rate}
+            "finished": finished, "crashed": crashed, "reward_timeout_rate": reward_timeout_rate,
+            **{k: (sao or {}).get(k) is not None for k in SAO_FLAGS}}

@@ -53,6 +53,9 @@ class MiniRunConfig:
     minibatches: int = field(default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"})
     critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
     critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
+    critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's)"})
+    critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt (None: from the policy)"})
+    adv_whiten: bool | None = field(default=None, metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"})
     critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
     policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
     family: Literal["add", "chain"] = field(default="add", metadata={"help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain with a scratchpad)"})
@@ -83,7 +86,8 @@ class MiniRunConfig:
         "Checks of the optional knobs (minibatches, critic overrides, policy_lambda)."
         if not 1 <= self.minibatches <= self.traj_per_step:
             raise ValueError(f"minibatches={self.minibatches} must be between 1 and traj_per_step={self.traj_per_step}")
-        for name, knob in (("critic_warmup", "warmup_steps"), ("critic_k", "critic_k"), ("policy_lambda", "policy_lambda")):
+        for name, knob in (("critic_warmup", "warmup_steps"), ("critic_k", "critic_k"), ("policy_lambda", "policy_lambda"),
+                           ("adv_whiten", "adv_whiten"), ("critic_freeze", "critic_freeze")):
             if getattr(self, name) is not None:  # None: the setting's value
                 setattr(self, name, check_knob(knob, getattr(self, name), name))
         if self.critic_width is not None and int(self.critic_width) < 1:
@@ -92,9 +96,10 @@ class MiniRunConfig:
             raise ValueError(f"critic_width={self.critic_width} must be a multiple of n_heads={self.model().n_heads}")
 
     def effective_setting(self) -> Setting:
-        "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda) applied."
+        "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda, adv_whiten) applied."
         s = get_setting(self.setting)
-        ov = {"warmup_steps": self.critic_warmup, "critic_k": self.critic_k, "policy_lambda": self.policy_lambda}
+        ov = {"warmup_steps": self.critic_warmup, "critic_k": self.critic_k, "policy_lambda": self.policy_lambda,
+              "adv_whiten": self.adv_whiten, "critic_freeze": self.critic_freeze}
         return replace(s, **{k: v for k, v in ov.items() if v is not None})
 
     @classmethod
@@ -152,7 +157,9 @@ def _literal_choices(tp) -> tuple | None:
     if get_origin(tp) is Literal:
         return get_args(tp)
     args = [a for a in get_args(tp) if a is not type(None)]
-    return get_args(args[0]) if len(args) == 1 and get_origin(args[0]) is Literal else None
+    if len(args) == 1 and get_origin(args[0]) is Literal:
+        return get_args(args[0]) + ((None,) if type(None) in get_args(tp) else ())
+    return None
 
 _CHOICES = {n: ch for n, tp in get_type_hints(MiniRunConfig).items() if (ch := _literal_choices(tp))}
 

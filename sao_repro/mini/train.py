@@ -7,6 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini.train.html.md"""
 # %% ../../nbs/30_mini.train.ipynb #a206885c
 from __future__ import annotations
 import errno
+import hashlib
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import torch
 from fastcore.basics import patch
 
 from ..advantages import RunningMeanBaseline, get_advantage
-from ..core import masked_mean, masked_var
+from ..core import masked_mean, masked_var, masked_whiten
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
@@ -38,7 +39,7 @@ from .runfolder import (
     log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
 
 # %% auto #0
-__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
+__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'load_critic_init', 'train_run']
 
 # %% ../../nbs/30_mini.train.ipynb #056f18ad
 class NonFiniteError(RuntimeError):
@@ -71,9 +72,11 @@ class MiniTrainer:
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
         self.critic = None
         if self.setting.critic:
-            self.critic = CriticTrainer(_critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"]),
+            cm = _critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"])
+            self.critic_source = load_critic_init(cm, cfg.critic_init) if cfg.critic_init else None
+            self.critic = CriticTrainer(cm,
                                         lr=cfg.critic_lr, k_passes=self.setting.critic_k,
-                                        warmup_steps=self.setting.warmup_steps)
+                                        warmup_steps=self.setting.warmup_steps, freeze=self.setting.critic_freeze)
         elif log and any(getattr(cfg, k) is not None for k in ("critic_warmup", "critic_k", "critic_width")):
             log(f"note: {cfg.setting} has no critic; critic_warmup / critic_k / critic_width are recorded but unused")
         self.baseline = RunningMeanBaseline() if self.setting.advantage == "running_mean" else None
@@ -85,6 +88,34 @@ class MiniTrainer:
         self.step = 0
         self.eval_set = eval_problems(cfg.task())
         self.diag_band = dis_band()
+
+# %% ../../nbs/30_mini.train.ipynb #c23117b9
+def load_critic_init(model: torch.nn.Module, # the new run's critic
+                     path: str | Path, # a run folder (its last checkpoint), a checkpoint .pt, or a critic state_dict .pt
+                    ) -> dict:
+    "Load an earlier run's critic weights into `model` after checking every name and shape; returns the source record."
+    p = Path(path)
+    if p.is_dir():
+        found = checkpoints(p)
+        if not found:
+            raise FileNotFoundError(f"critic_init={path}: no checkpoints/step_*.pt in that run folder")
+        p = found[-1]
+    if not p.is_file():
+        raise FileNotFoundError(f"critic_init={path}: no such file or run folder")
+    sd = torch.load(p, weights_only=False, map_location="cpu")
+    step = sd.get("step") if isinstance(sd, dict) else None
+    if isinstance(sd, dict) and "critic" in sd:
+        if sd["critic"] is None:
+            raise ValueError(f"critic_init={path}: that run ({sd.get('config', {}).get('setting')}) has no critic")
+        sd = sd["critic"]["model"]
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in sd.items()}
+    bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if bad:
+        raise ValueError(f"critic_init={path}: shapes differ from this run's critic at "
+                         + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8]))
+    model.load_state_dict(sd)
+    return {"path": str(p.resolve()), "step": step, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
 
 # %% ../../nbs/30_mini.train.ipynb #a19ab33c
 def _critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) -> CriticModel:
@@ -99,7 +130,8 @@ def _critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) ->
 # %% ../../nbs/30_mini.train.ipynb #82dfe024
 @torch.no_grad()
 def _adv_stats(adv, mask) -> dict:
-    return {"adv/mean": float(masked_mean(adv, mask)), "adv/std": float(masked_var(adv, mask).sqrt())}
+    return {"adv/mean": float(masked_mean(adv, mask)), "adv/std": float(masked_var(adv, mask).sqrt()),
+            "adv/max": float(adv[mask].max()) if mask.any() else float("nan")}
 
 def _clean(m: dict) -> dict:
     "NaN/inf -> None so metrics.jsonl is strict JSON."
@@ -140,6 +172,8 @@ def advantages(self: MiniTrainer, ro, old_values):
     if self.critic is not None:
         _, returns = get_advantage("gae")(ro.rewards, ro.loss_mask, values=old_values, gamma=s.gamma,
                                           lam=_lam(s.critic_lambda, ro.resp_len, s.lambda_alpha))
+    if s.adv_whiten:  # after the returns: the critic's targets are untouched
+        adv = masked_whiten(adv, ro.loss_mask)
     return adv, returns
 
 # %% ../../nbs/30_mini.train.ipynb #b201fdec
@@ -302,7 +336,7 @@ def load(self: MiniTrainer, path: Path | dict):
 # %% ../../nbs/30_mini.train.ipynb #c3da55c3
 def _config_record(cfg: MiniRunConfig, tr: MiniTrainer) -> dict:
     return {**asdict(cfg), "setting_spec": asdict(tr.setting), "warm_start": tr.start_meta,
-            "torch": torch.__version__}
+            "critic_source": getattr(tr, "critic_source", None), "torch": torch.__version__}
 
 def _write_config(run_dir: Path, cfg: MiniRunConfig, tr: MiniTrainer, changes: list | None = None):
     "config.json of the run; `changes` made at a resume are added to the ones recorded before."

@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 import pandas as pd
 from ..metrics import COLUMNS, collect_metrics, read_config, summarize_runs
+from ..metrics.health import SAO_FLAGS
 from ..settings import get_setting, list_settings
 from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
 __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'reference_table', 'design_table',
            'load_runs', 'heldout_summary', 'run_summary', 'numbers_table', 'format_numbers', 'fmt_change',
-           'headline_table', 'distance_table']
+           'headline_table', 'distance_table', 'health_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
 REFERENCE_SOURCE = ("reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
@@ -201,3 +202,15 @@ def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
             ("DIS band convention", "absolute [0.3, 5.0] (reference implementation)", conv),
             ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag)]
     return pd.DataFrame(rows, columns=["", "paper / reference", "these runs"])
+
+# %% ../../nbs/70_report.tables.ipynb #4d6f226c
+def health_table(df:pd.DataFrame, # tidy frame from `load_runs` (its `attrs["runs"]` hold the flags)
+                ) -> pd.DataFrame:
+    "Run, setting, seed and `flag (step N)` for each SAO health flag set in a run."
+    rows = []
+    for info in df.attrs.get("runs", []):
+        at = info.get("flag_steps") or {}
+        on = [f"{f} (step {at[f]})" for f in SAO_FLAGS if at.get(f) is not None]
+        if on:
+            rows.append({"run": info["run"], "setting": info["setting"], "seed": info["seed"], "flags": ", ".join(on)})
+    return pd.DataFrame(rows, columns=["run", "setting", "seed", "flags"])

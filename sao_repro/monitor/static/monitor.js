@@ -3,7 +3,9 @@
 const SPEC = JSON.parse(document.getElementById("chart-spec").textContent);
 const KEY = new URLSearchParams(location.search).get("key");
 const PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037"];
-const FLAGS = ["oom", "nan", "crashed", "stalled", "finished"];
+const FLAGS = ["oom", "nan", "crashed", "stalled", "finished",
+  // SAO health (sao_repro.metrics.health.SAO_FLAGS): the span's title gives the step that set it
+  "critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns"];
 const colors = {};
 let polls = 0;
 const SETTING_COLORS = JSON.parse(document.getElementById("setting-colors").textContent);  // the report's
@@ -37,7 +39,12 @@ function renderRuns(runs) {
     const cells = [r.run, r.setting, r.seed === null ? "-" : r.seed, r.last_step === null ? "-" : r.last_step];
     for (const c of cells) tr.append(el("td", "", String(c)));
     const ft = el("td", "flags");
-    for (const f of on) ft.append(el("span", "flag flag-" + f, f));
+    for (const f of on) {
+      const sp = el("span", "flag flag-" + f, f);
+      const at = (r.flag_steps || {})[f];
+      if (at !== null && at !== undefined) sp.title = f + " since step " + at;
+      ft.append(sp);
+    }
     if (!on.length) ft.append(el("span", "flag flag-ok", "running"));
     if (r.messages && r.messages.length) ft.title = r.messages.join("\n");  // the log lines behind the flags
     tr.append(ft);
