@@ -1,14 +1,11 @@
 """End to end: real headless Chromium opens the monitor while a run writes its logs.
 
-Chromium is driven over the DevTools protocol through a pipe (--remote-debugging-pipe:
-JSON messages separated by NUL bytes on fds 3 and 4), so no driver package is needed.
+Chromium is the system's, driven by Playwright (tests/browser.py): no browser download.
 The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 """
-import base64
-import fcntl
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,81 +18,13 @@ from sao_repro.monitor import serve_in_thread
 from sao_repro.monitor import SMOOTH_STEPS
 from sao_repro.report import find_chromium
 from sao_repro.settings import setting_color
+from browser import open_page
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("SAO_ARTIFACTS", HERE.parent / "artifacts"))
 CHROMIUM = find_chromium()
 
 pytestmark = pytest.mark.browser  # without Chromium: skipped, or failed under CI (tests/conftest.py)
-
-
-class Chrome:
-    "Headless Chromium with a DevTools-protocol pipe."
-
-    def __init__(self, width=1400, height=1500):
-        self.profile = tempfile.mkdtemp(prefix="sao-chrome-")
-        to_chrome_r, self.to_chrome = os.pipe()
-        self.from_chrome, from_chrome_w = os.pipe()
-
-        def wire():  # move both ends above fd 4 first: a pipe end may itself be fd 3 or 4 in a fresh process
-            r, w = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
-            os.dup2(r, 3)
-            os.dup2(w, 4)
-
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-                 "--disable-dev-shm-usage", "--hide-scrollbars", f"--window-size={width},{height}",
-                 f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"]
-        self.proc = subprocess.Popen([CHROMIUM, *flags], preexec_fn=wire, close_fds=False,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(to_chrome_r)
-        os.close(from_chrome_w)
-        self.buf = b""
-        self.next_id = 0
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-
-    def call(self, method, session=None, **params):
-        self.next_id += 1
-        msg = {"id": self.next_id, "method": method, "params": params}
-        if session:
-            msg["sessionId"] = session
-        os.write(self.to_chrome, json.dumps(msg).encode() + b"\0")
-        while True:
-            while b"\0" not in self.buf:
-                chunk = os.read(self.from_chrome, 1 << 16)
-                if not chunk:
-                    raise RuntimeError("chromium closed the DevTools pipe")
-                self.buf += chunk
-            raw, self.buf = self.buf.split(b"\0", 1)
-            reply = json.loads(raw)
-            if reply.get("id") == self.next_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result", {})
-
-    def page(self, method, **params):
-        return self.call(method, session=self.session, **params)
-
-    def eval(self, expr):
-        r = self.page("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
-        if "exceptionDetails" in r:
-            raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
-        return r["result"].get("value")
-
-    def close(self):
-        try:
-            self.call("Browser.close")
-        except (RuntimeError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self.to_chrome)
-        os.close(self.from_chrome)
-        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 STATE_JS = """(() => {
@@ -114,13 +43,13 @@ def rgb(hex_color):
     return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
 
 
-def wait_for(chrome, pred, timeout, what):
+def wait_for(page, pred, timeout, what):
     deadline = time.monotonic() + timeout
     state = None
     while time.monotonic() < deadline:
         try:
-            state = chrome.eval(STATE_JS)
-        except RuntimeError as e:       # the page is between documents (navigation in flight)
+            state = page.evaluate(STATE_JS)
+        except Exception as e:       # the page is between documents (navigation in flight)
             state = str(e)
         if isinstance(state, dict) and pred(state):
             return state
@@ -135,10 +64,10 @@ def test_monitor_page_updates_live(tmp_path):
                                "--runs", "sao:0,grpo:0", "--steps", "45", "--interval", "0.2",
                                "--nan-run", "grpo:0", "--nan-at", "30"])
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
-    chrome = Chrome()
+    browser = contextlib.ExitStack()
+    chrome = browser.enter_context(open_page())
     try:
-        chrome.page("Page.enable")
-        chrome.page("Page.navigate", url=srv.url)
+        chrome.goto(srv.url)
         sao, grpo = "mini/sao/seed0", "mini/grpo/seed0"
         first = wait_for(chrome, lambda s: s["points"].get("acc", 0) > 0 and len(s["flags"]) == 2, 30,
                          "the first points of both runs")
@@ -146,9 +75,9 @@ def test_monitor_page_updates_live(tmp_path):
         assert set(first["points"]) >= {"acc", "reward/mean", "dis/kept_frac", "dis/masked_frac",
                                         "critic/explained_var", "rollout/resp_len", "rollout/policy_lag"}
         # smoothed by default (EMA span 20), raw points drawn behind, the report's colour per setting
-        assert chrome.eval("document.getElementById('smooth').value") == str(SMOOTH_STEPS) == "20"
-        assert chrome.eval("+document.querySelector('canvas[data-metric=acc]').dataset.rawPoints") == first["points"]["acc"]
-        swatches = chrome.eval("[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
+        assert chrome.evaluate("document.getElementById('smooth').value") == str(SMOOTH_STEPS) == "20"
+        assert chrome.evaluate("+document.querySelector('canvas[data-metric=acc]').dataset.rawPoints") == first["points"]["acc"]
+        swatches = chrome.evaluate("[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
                                "getComputedStyle(s.querySelector('i')).backgroundColor])")
         assert dict(swatches) == {s: "rgb(%d, %d, %d)" % rgb(setting_color(s)) for s in ("sao", "grpo")}
         later = wait_for(chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30,
@@ -163,12 +92,12 @@ def test_monitor_page_updates_live(tmp_path):
         assert done["points"]["critic/explained_var"] == 45  # only sao has a critic
         assert done["points"]["dis/kept_frac"] == 45  # grpo has no DIS
         assert all(u.startswith(srv.url) for u in done["resources"]), done["resources"]  # nothing off-site
-        shot = base64.b64decode(chrome.page("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+        shot = chrome.screenshot(full_page=True)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "monitor.png").write_bytes(shot)
         assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
     finally:
-        chrome.close()
+        browser.close()
         srv.shutdown()
         srv.server_close()
         if writer.poll() is None:
@@ -224,14 +153,15 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
                             "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
-    chrome = Chrome()
+    browser = contextlib.ExitStack()
+    chrome = browser.enter_context(open_page())
     try:
-        chrome.page("Page.navigate", url=srv.url)
+        chrome.goto(srv.url)
         name = "mini/sao/seed0"
         seen = []
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            s = chrome.eval(STATE_JS)
+            s = chrome.evaluate(STATE_JS)
             if s and name in s["flags"]:
                 seen.append((s["points"].get("rollout/resp_len", 0), s["flags"][name]))
                 if "finished" in s["flags"][name]:
@@ -242,11 +172,11 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         growing = sorted({p for p, f in seen if 0 < p < 60})
         assert growing, f"never saw the run part-way: {seen}"          # the page updated while the run was going
         assert any(f == "" for p, f in seen if p < 60)                   # running, no flag, before it finished
-        shot = base64.b64decode(chrome.page("Page.captureScreenshot", format="png")["data"])
+        shot = chrome.screenshot()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "monitor_testbed.png").write_bytes(shot)
     finally:
-        chrome.close()
+        browser.close()
         srv.shutdown()
         srv.server_close()
         if run.poll() is None:

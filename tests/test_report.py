@@ -6,7 +6,6 @@ of the smoke-size model on 1-digit arithmetic (so accuracy is not stuck at 0), i
 import json
 import math
 import re
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -305,7 +304,7 @@ def page_margin_ink(pdf, out_dir, dpi=50):
 @pytest.mark.browser
 def test_pdf_pages_hold_every_table_whole(rendered, tmp_path):
     "Printed on A4, no table is wider than the text block: laid out by Chromium in print media, and on the PDF's pages."
-    from test_monitor_browser import Chrome
+    from browser import open_page
     pdf = rendered / "math_hard_report.pdf"
     pages = page_margin_ink(pdf, tmp_path)
     assert len(pages) >= 3
@@ -313,23 +312,10 @@ def test_pdf_pages_hold_every_table_whole(rendered, tmp_path):
         assert abs(w / h - 210 / 297) < 0.01, (name, w, h)  # A4
         assert left > 200 and right > 200, f"{name}: ink in the page margin (a table or figure wider than the text block)"
     width = round(A4_TEXT_MM[0] / 25.4 * 96)  # CSS px of the text block
-    chrome = Chrome(width=width, height=1100)
-    try:
-        chrome.page("Emulation.setEmulatedMedia", media="print")
-        chrome.page("Emulation.setDeviceMetricsOverride", width=width, height=1100, deviceScaleFactor=1, mobile=False)
-        chrome.page("Page.enable")
-        chrome.page("Page.navigate", url=(rendered / "math_hard_report.html").resolve().as_uri())
-        tables = None
-        for _ in range(50):
-            try:
-                tables = chrome.eval(TABLE_FIT_JS)
-                if tables and chrome.eval("document.readyState") == "complete":
-                    break
-            except RuntimeError:
-                pass
-            time.sleep(0.2)
-    finally:
-        chrome.close()
+    with open_page(width=width, height=1100) as page:
+        page.emulate_media(media="print")
+        page.goto((rendered / "math_hard_report.html").resolve().as_uri(), wait_until="load")
+        tables = page.evaluate(TABLE_FIT_JS)
     assert {t["id"] for t in tables} >= {"headline-table", "numbers-table", "runs-table", "design-table", "distance-table"}
     for t in tables:
         assert t["right"] <= width + 1 and not t["over"], t

@@ -21,8 +21,9 @@ from .render import REPORT_NAME, REPORT_NB, notebook_to_html
 from .layout import doc_sections
 
 # %% auto #0
-__all__ = ['CURRENT', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml',
-           'quarto_files', 'check_quarto_yml', 'process_docs', 'tidy_doc_nb', 'build_docs', 'readme_markdown',
+__all__ = ['CURRENT', 'MATH_RE', 'CODE_RE', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site', 'quarto_config',
+           'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'process_docs', 'tidy_doc_nb',
+           'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'build_docs', 'readme_markdown',
            'run_index', 'write_readme', 'readme_problems', 'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
@@ -105,6 +106,9 @@ def check_quarto_yml(root=".") -> list[str]:
     return probs
 
 # %% ../../nbs/75_report.docs.ipynb #77da0a40
+class DocsError(RuntimeError):
+    "The docs site cannot be built as it should be (a notebook failed to process, no pandoc for its maths)."
+
 def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
                  names:list[str]|None=None, # notebook file names to process (default: all)
                  log=print) -> dict[str, Path]:
@@ -114,9 +118,8 @@ def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
     pat = "|".join(fnmatch.translate(n) for n in names) if names else ""
     try:
         cache = proc_nbs(str(nbs), n_workers=0, file_re=pat)
-    except Exception as e:
-        log(f"docs: nbdev processing failed ({type(e).__name__}: {e}); notebooks not processed are shown unprocessed")
-        cache = Path(root, "_proc").resolve()
+    except Exception as e:  # a page shown unprocessed would hide the failure: stop the build instead
+        raise DocsError(f"nbdev processing failed ({type(e).__name__}: {e})") from e
     return {p.name: p for p in cache.glob("*.ipynb") if not names or p.name in names}
 
 # %% ../../nbs/75_report.docs.ipynb #ee87aff4
@@ -179,6 +182,61 @@ def _html_links(nb, names:set[str]):
                 o["data"]["text/markdown"] = fix(o["data"]["text/markdown"])
     return nb
 
+# %% ../../nbs/75_report.docs.ipynb #2c532e9e
+MATH_RE = re.compile(r"\$\$(.+?)\$\$|(?<![\\$\w])\$(?=\S)([^$\n]+?)(?<=\S)\$(?![\w$])", flags=re.S)
+CODE_RE = re.compile(r"(```.*?```|~~~.*?~~~|`[^`\n]*`)", flags=re.S)
+
+def find_pandoc() -> str|None:
+    "A pandoc executable: on PATH, else the one `pypandoc-binary` ships; None when neither is there."
+    exe = shutil.which("pandoc")
+    if exe:
+        return exe
+    try:
+        import pypandoc
+        return pypandoc.get_pandoc_path()
+    except (ImportError, OSError):
+        return None
+
+def latex_to_mathml(snippets:list[tuple[str, bool]]) -> list[str]:
+    "MathML for each (LaTeX, display?) with one pandoc run; display maths as `<math display=\"block\">`."
+    import subprocess
+    if not snippets:
+        return []
+    exe = find_pandoc()
+    if exe is None:
+        raise DocsError("the docs have maths and no pandoc is installed: pip install pypandoc-binary (or apt-get install pandoc)")
+    doc = "\n\n".join(f"$${s}$$" if disp else f"${s}$" for s, disp in snippets)
+    r = subprocess.run([exe, "-f", "markdown", "-t", "html", "--mathml"], input=doc, capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        raise DocsError(f"pandoc failed on the maths: {r.stderr.strip()[-400:]}")
+    out = [m.group(1) for m in re.finditer(r"<p>(.*?)</p>", r.stdout, flags=re.S)]
+    if len(out) != len(snippets) or not all("<math" in o for o in out):
+        raise DocsError(f"pandoc gave {len(out)} formulas for {len(snippets)}")
+    return [" ".join(o.split()) for o in out]
+
+def mathml_markdown(md:str) -> str:
+    "Markdown with its `$...$` / `$$...$$` maths (outside code) replaced by MathML."
+    parts = CODE_RE.split(md)  # odd items: code, left alone
+    found = [(m.group(1) or m.group(2), m.group(1) is not None) for i, t in enumerate(parts) if i % 2 == 0
+             for m in MATH_RE.finditer(t)]
+    if not found:
+        return md
+    it = iter(latex_to_mathml(found))
+    for i in range(0, len(parts), 2):
+        parts[i] = MATH_RE.sub(lambda m: (f"\n\n<div class=\"math-display\">{next(it)}</div>\n\n" if m.group(1) is not None
+                                          else next(it)), parts[i])
+    return "".join(parts)
+
+def mathml_nb(nb):
+    "Every markdown cell's (and markdown output's) maths as MathML, in place."
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            c.source = mathml_markdown(c.source)
+        for o in c.get("outputs", []):
+            if "text/markdown" in o.get("data", {}):
+                o["data"]["text/markdown"] = mathml_markdown(o["data"]["text/markdown"])
+    return nb
+
 # %% ../../nbs/75_report.docs.ipynb #f1e80fd4
 def build_docs(root=".", # repository root (holds nbs/ and report/)
                out="_site", # output folder
@@ -209,7 +267,7 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     names = {Path(n).stem for _, n in docs}
     written = []
     for nb, name in docs:
-        nbformat.write(_html_links(nb, names), str(work/"page.ipynb"))
+        nbformat.write(mathml_nb(_html_links(nb, names)), str(work/"page.ipynb"))
         written.append(notebook_to_html(work/"page.ipynb", out/name, exclude_input=False, nav=_nav(sections, name)))
     nav = _nav(sections, f"{REPORT_NAME}.html")
     if report_html.exists():
@@ -317,5 +375,9 @@ def docs_main(argv:list[str]|None=None) -> int:
         return 1 if probs else 0
     if shutil.which("quarto"):
         print("docs: quarto is on PATH; `nbdev-docs` or `quarto render` build the Quarto site. Building the offline site too.")
-    build_docs(a.root, a.out, a.only, a.report)
+    try:
+        build_docs(a.root, a.out, a.only, a.report)
+    except DocsError as e:
+        print(f"docs: {e}", file=sys.stderr)
+        return 1
     return 0
