@@ -14,15 +14,20 @@ STUDY ?= --family chain --ops +- --difficulty 1 --min-terms 2 --max-terms 4 --lr
 TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
 BIN := $(VENV)/bin
+# the environment is keyed by the content of what defines it (not by file times: nbdev-export rewrites pyproject.toml
+# unchanged), so `make test` after `nbdev-export` does not reinstall
+INSTALL_KEY := $(shell cat pyproject.toml scripts/install_dev.sh scripts/areal_cpu_requirements.txt 2>/dev/null | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 
 .PHONY: install study test chromium bench vllm-env
 
-$(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
+$(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	PATH=$(abspath $(BIN)):$$PATH TORCH='$(TORCH)' TORCH_ARGS='$(TORCH_ARGS)' bash scripts/install_dev.sh
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(BIN)/sao-repro
+install: $(STAMP)
 
 study: install
 	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS) $(STUDY)

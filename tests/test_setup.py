@@ -1,5 +1,6 @@
 """A new user's first commands: `make test` needs Chromium (installs it or names the command), browser tests
 never pass silently skipped under CI, what `make test` and `make study` run, and the licence files."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,6 +55,7 @@ def _make_with_stubs(tmp_path, *targets):
     stub("scripts/install_dev.sh", f'echo "install TORCH=$TORCH" >> {log}; '
          f'printf \'#!/bin/bash\\necho "sao-repro $*" >> {log}\\n\' > .venv/bin/sao-repro; chmod +x .venv/bin/sao-repro')
     stub("scripts/need_chromium.sh", f'echo chromium >> {log}')
+    stub("scripts/install_vllm_cpu.sh", f'echo vllm-env >> {log}')
     stub("scripts/test.sh", f'echo "test SAO_REQUIRE_BROWSER=$SAO_REQUIRE_BROWSER sao-repro=$(command -v sao-repro)" >> {log}')
     for t in targets:
         subprocess.run(["make", t, f"PYTHON={tmp_path / 'python3'}"], cwd=tmp_path, check=True, capture_output=True)
@@ -62,9 +64,21 @@ def _make_with_stubs(tmp_path, *targets):
 
 def test_make_test_installs_then_checks_chromium_then_requires_browser_tests(tmp_path):
     steps = _make_with_stubs(tmp_path, "test")
-    assert [s.split()[0] for s in steps] == ["venv", "install", "chromium", "test"]
+    assert [s.split()[0] for s in steps] == ["venv", "install", "chromium", "vllm-env", "test"]
     assert "SAO_REQUIRE_BROWSER=1" in steps[-1]
     assert f"sao-repro={tmp_path}/.venv/bin/sao-repro" in steps[-1]  # the tests run inside the new .venv
+
+
+def test_make_reinstalls_when_what_defines_the_environment_changes_not_when_its_time_does(tmp_path):
+    _make_with_stubs(tmp_path, "install")
+    log = tmp_path / "log"
+    os.utime(tmp_path / "pyproject.toml")  # nbdev-export rewrites it unchanged
+    subprocess.run(["make", "install", f"PYTHON={tmp_path / 'python3'}"], cwd=tmp_path, check=True, capture_output=True)
+    assert [s.split()[0] for s in log.read_text().splitlines()] == ["venv", "install"]
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    subprocess.run(["make", "install", f"PYTHON={tmp_path / 'python3'}"], cwd=tmp_path, check=True, capture_output=True)
+    assert [s.split()[0] for s in log.read_text().splitlines()] == ["venv", "install", "venv", "install"]
+    assert len(list((tmp_path / ".venv").glob(".installed-*"))) == 1
 
 
 def test_make_study_installs_once_then_runs_the_study(tmp_path):
