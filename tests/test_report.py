@@ -273,6 +273,13 @@ def test_sweep_findings_section(runs, tmp_path):
     drop = [heldout_first("grpo", k) - heldout_end("grpo", k) for k in SEEDS]
     assert rows["GRPO collapses"][3] == R.fmt_ci(statistics.mean(drop), T975[1] * statistics.stdev(drop) / math.sqrt(2))
     assert rows["SAO above GRPO"][6] in ("reproduced", "opposite", "not resolved")  # the online verdict column
+    html = (out / "math_hard_report.html").read_text()  # the sweep's figure: its one point's seed means, banded
+    assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
+    import matplotlib
+    matplotlib.use("Agg")
+    f = R.fig_sweep({"base": R.load_runs(tmp_path / "sweeps" / "t" / "base")[0]})
+    check_panel(f.axes[0], runs, "eval/acc", 1, SETTINGS)
     assert R.report_main(["--runs", str(runs), "--out", str(out), "--sweeps", str(tmp_path / "nothing")]) == 1
 
 
@@ -371,3 +378,75 @@ def test_headline_numbers_are_held_out_and_online_from_the_metrics(rendered, run
         assert rows[s]["held-out accuracy: first evaluation -> last 50 steps"] == fmt(h0, h1)
         assert rows[s]["online accuracy: first 50 -> last 50 steps"] == fmt(a0, a1)
         assert rows[s]["seeds"] == "2" and rows[s]["steps"] == str(STEPS)
+
+
+# The figures: seaborn's seed means and interval bands, checked against the run folders' metrics (data, not pixels)
+
+def seed_curves(runs, setting, key, window):
+    "{step: [value per seed]} of `key` in each seed's metrics.jsonl, each seed's values a rolling mean over `window` entries."
+    by_step = {}
+    for k in SEEDS:
+        ms = [json.loads(l) for l in (runs / "mini" / setting / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
+        pts = sorted((m["step"], float(m[key])) for m in ms if m.get(key) is not None)
+        for i, (st, _) in enumerate(pts):
+            last = [v for _, v in pts[max(0, i - window + 1):i + 1]]
+            by_step.setdefault(st, []).append(sum(last) / len(last))
+    return dict(sorted(by_step.items()))
+
+
+def t_band(xs):
+    m = sum(xs) / len(xs)
+    h = T975[len(xs) - 1] * math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs))
+    return m - h, m + h
+
+
+def check_panel(ax, runs, key, window, settings):
+    "One line per setting in its colour, y = the seed-wise mean; one band per line spanning the t interval over seeds."
+    import numpy as np
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgb
+    from sao_repro.settings import SETTING_COLORS
+    assert [l.get_label() for l in ax.lines] == list(settings)
+    assert len(ax.collections) == len(ax.lines)
+    for line, band, s in zip(ax.lines, ax.collections, settings):
+        assert line.get_color() == SETTING_COLORS[s]
+        assert isinstance(band, PolyCollection) and np.allclose(band.get_facecolor()[0][:3], to_rgb(SETTING_COLORS[s]))
+        curves = seed_curves(runs, s, key, window)
+        assert list(line.get_xdata()) == list(curves)
+        assert np.allclose(line.get_ydata(), [sum(v) / len(v) for v in curves.values()])
+        verts = band.get_paths()[0].vertices
+        for st, vals in curves.items():
+            if len(vals) == len(SEEDS):
+                ys = verts[verts[:, 0] == st][:, 1]
+                lo, hi = t_band(vals)
+                assert ys.min() == pytest.approx(lo, abs=1e-4) and ys.max() == pytest.approx(hi, abs=1e-4), (s, key, st)  # T975: 3 decimals
+    from sao_repro.report.figures import setting_style
+    assert [l.get_marker() for l in ax.lines] == [setting_style(s)[1] for s in settings]
+    assert len({l.get_marker() for l in ax.lines}) == len(ax.lines)  # apart in grayscale print too
+    assert [l.get_linestyle() == "-" for l in ax.lines] == [s == "sao" for s in settings]  # the others dashed
+
+
+def test_figures_are_seed_means_with_t_bands(runs):
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    df, _ = R.load_runs(runs)
+    f = R.fig_accuracy(df, 10)
+    check_panel(f.axes[0], runs, "acc", 10, SETTINGS)
+    check_panel(f.axes[1], runs, "eval/acc", 1, SETTINGS)  # held-out: each evaluation, averaged over seeds
+    assert [t.get_text() for t in f.axes[0].get_legend().texts] == list(SETTINGS)
+    f = R.fig_dis(df, 5)
+    check_panel(f.axes[1], runs, "dis/masked_below_frac", 5, ["sao"])  # grpo has no DIS band
+    f = R.fig_critic(df, 3)
+    check_panel(f.axes[0], runs, "critic/explained_var", 3, ["sao"])
+    check_panel(f.axes[1], runs, "critic/value_loss", 3, ["sao"])
+    plt.close("all")
+
+
+def test_figure_captions_name_the_interval(rendered):
+    text = re.sub(r"<[^>]+>", "", (rendered / "math_hard_report.html").read_text())
+    band = "band: 95% CI over seeds (mean ± t·sd/√n, Student t)"
+    assert R.band_text() == band
+    for fig in ("Figure 1: accuracy per setting", "Figure 2: DIS masked fractions", "Figure 3: critic diagnostics"):
+        assert f"{fig}, mean over seeds ({band})" in text, fig
+    assert "min–max" not in text

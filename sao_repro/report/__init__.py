@@ -23,7 +23,7 @@ from .tables import (
     numbers_table, reference_table, run_summary, health_table)
 from .text import (
     display_path, html_id, md_code, provenance, report_title, runs_block, runs_commands, runs_using, testbed_limits)
-from .figures import fig_accuracy, fig_critic, fig_dis
+from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep
 from .render import (
     REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html, offline_violations,
     quarto_html, screenshot, set_notebook_title, shrink_png)
@@ -117,7 +117,8 @@ def render_report(runs="runs", # runs folder
             raise FileNotFoundError(f"no <name>/results.json under {sweeps}; run `sao-repro sweep CONFIG` first")
         params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps)})
     use_quarto = bool(engine == "quarto" or (engine == "auto" and shutil.which("quarto")))
-    key = runs_fingerprint(runs, [nb, *_source_files(), *results],
+    sweep_runs = [m for r in results for m in sorted(r.parent.rglob("metrics.jsonl")) if "checkpoints" not in m.parts]
+    key = runs_fingerprint(runs, [nb, *_source_files(), *results, *sweep_runs],  # sweep figures read the sweeps' runs
                            {**{k: v for k, v in params.items() if k not in ("runs_dir", "sweeps_dir")}, "quarto": use_quarto})
     paths = {"notebook": out/f"{REPORT_NAME}.ipynb", "html": out/f"{REPORT_NAME}.html",
              "pdf": out/f"{REPORT_NAME}.pdf", "numbers": out/"numbers.json"}

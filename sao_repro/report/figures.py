@@ -1,4 +1,4 @@
-"""The report's matplotlib figures: accuracy, DIS masked fractions and critic diagnostics per setting, in the settings' fixed colours.
+"""The report's figures, drawn with seaborn: accuracy, DIS masked fractions, critic diagnostics and sweeps per setting, as seed means with 95% interval bands, in the settings' fixed colours and line styles.
 
 Docs: https://sao-repro.github.io/sao-repro/report.figures.html.md"""
 
@@ -6,79 +6,145 @@ Docs: https://sao-repro.github.io/sao-repro/report.figures.html.md"""
 
 # %% ../../nbs/72_report.figures.ipynb #6370e48d
 from __future__ import annotations
+import hashlib
 import pandas as pd
 from ..metrics import smooth
 from ..settings import SETTING_COLORS, list_settings, setting_color
+from ..stats import mean_ci
 from .tables import _order, _setting_spec
 
 # %% auto #0
-__all__ = ['COLORS', 'fig_accuracy', 'fig_dis', 'fig_critic']
+__all__ = ['COLORS', 'SETTING_STYLES', 'EXTRA_STYLES', 'ERRORBAR', 'setting_style', 't_interval', 'band_text', 'fig_accuracy',
+           'fig_dis', 'fig_critic', 'fig_sweep']
 
 # %% ../../nbs/72_report.figures.ipynb #e11ddd0f
 COLORS = SETTING_COLORS  # one palette: the monitor draws with it too (sao_repro.settings.setting_color)
+SETTING_STYLES = {"sao": ("-", "o"), "grpo": ((0, (5, 2)), "s"), "grpo_dis": ((0, (6, 2, 1.5, 2)), "^"),
+                  "running_mean": ((0, (1.2, 1.5)), "D"), "single_dis": ((0, (9, 2, 1.5, 2, 1.5, 2)), "v")}
+EXTRA_STYLES = [((0, (3, 1.5)), "P"), ((0, (7, 3)), "X"), ((0, (1, 3)), "*"), ((0, (4, 1.5, 1, 1.5)), "h")]
 
+def setting_style(name:str) -> tuple:
+    "(line style, marker) of a setting in every figure (unknown names: a fixed pair per name)."
+    if name in SETTING_STYLES:
+        return SETTING_STYLES[name]
+    return EXTRA_STYLES[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(EXTRA_STYLES)]
+
+def t_interval(values, level:float=0.95) -> tuple[float, float]:
+    "seaborn `errorbar` callable: mean ± t·sd/√n of `values` (one per seed; NaN with fewer than 2)."
+    m, h, _ = mean_ci(list(values), level)
+    return m - h, m + h
+t_interval.band = "95% CI over seeds (mean ± t·sd/√n, Student t)"
+
+ERRORBAR = t_interval  # the figures' default band
+
+def band_text(errorbar=ERRORBAR) -> str:
+    "What the band of a figure drawn with `errorbar` shows, for its caption."
+    if errorbar is None:
+        return "no band"
+    if callable(errorbar):
+        return "band: " + getattr(errorbar, "band", getattr(errorbar, "__name__", "custom interval") + " over seeds")
+    method, level = (errorbar, None) if isinstance(errorbar, str) else errorbar
+    if method == "ci":
+        return f"band: {95 if level is None else level:g}% bootstrap CI over seeds (seaborn)"
+    if method == "pi":
+        return f"band: {95 if level is None else level:g}% percentile interval over seeds"
+    if method in ("se", "sd"):
+        k = 1 if level is None else level
+        what = ("standard error" if method == "se" else "standard deviation") + ("" if k == 1 else "s")
+        return f"band: mean ± {k:g} {what} over seeds"
+    raise ValueError(f"errorbar={errorbar!r}: use a callable, None, or ('ci'|'pi'|'se'|'sd', level)")
+
+# %% ../../nbs/72_report.figures.ipynb #c53b6656
 def _curves(df:pd.DataFrame, metric:str, smooth_steps:int) -> pd.DataFrame:
-    "Per (setting, step): mean, min and max over runs of the smoothed `metric`."
+    "The per-run values of `metric` (smoothed per run over `smooth_steps` steps): setting, run, step, value."
     sel = df[(df.metric == metric)].dropna(subset=["value"])
     if sel.empty:
-        return pd.DataFrame(columns=["setting", "step", "mean", "min", "max"])
+        return pd.DataFrame(columns=["setting", "run", "step", "value"])
     sel = smooth(sel, smooth_steps) if smooth_steps > 1 else sel
-    g = sel.groupby(["setting", "step"]).value
-    return pd.DataFrame({"mean": g.mean(), "min": g.min(), "max": g.max()}).reset_index()
+    return sel[["setting", "run", "step", "value"]].reset_index(drop=True)
 
-def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, settings=None):
-    "Draw one metric's curves per setting on `ax`; returns the settings drawn."
+def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, settings=None, errorbar=ERRORBAR):
+    "Draw one metric per setting on `ax` with seaborn (seed mean, band from `errorbar`); returns the settings drawn."
+    import seaborn as sns
     c = _curves(df, metric, smooth_steps)
-    drawn = []
-    for name in _order(c.setting):
-        if settings is not None and name not in settings:
-            continue
+    names = [n for n in _order(c.setting) if settings is None or n in settings]
+    for i, name in enumerate(names):
         s = c[c.setting == name]
-        ax.plot(s.step, s["mean"], color=setting_color(name), label=name, lw=1.5)
-        ax.fill_between(s.step, s["min"], s["max"], color=setting_color(name), alpha=0.15, lw=0)
-        drawn.append(name)
+        ls, marker = setting_style(name)
+        every = max(1, s.step.nunique() // 8)  # about 8 markers per curve, staggered between settings
+        sns.lineplot(s, x="step", y="value", estimator="mean", errorbar=errorbar, ax=ax, color=setting_color(name),
+                     label=name, linestyle=ls, lw=1.5, marker=marker, ms=4, markevery=(i * every // len(names), every),
+                     err_kws={"alpha": 0.15, "lw": 0})
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
+    ax.set_ylabel("")
     ax.grid(alpha=0.3)
-    if not drawn:
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if not names:
         ax.text(0.5, 0.5, f"no {metric} in these runs", ha="center", va="center", transform=ax.transAxes, fontsize=9)
-    return drawn
+    return names
+
+def _legend(ax, drawn):
+    if drawn:
+        ax.legend(fontsize=8, handlelength=3.5)
 
 # %% ../../nbs/72_report.figures.ipynb #625cf4be
-def fig_accuracy(df:pd.DataFrame, smooth_steps:int=10):
-    "Online accuracy per setting (and held-out `eval/acc` when logged)."
+def fig_accuracy(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+    "Online accuracy per setting (and held-out `eval/acc` when logged): seed means with `errorbar` bands."
     import matplotlib.pyplot as plt
     has_eval = (df.metric == "eval/acc").any()
     fig, axes = plt.subplots(1, 2 if has_eval else 1, figsize=(11 if has_eval else 7, 3.6), squeeze=False)
-    drawn = _panel(axes[0, 0], df, "acc", f"online accuracy (rolling mean, {smooth_steps} steps)", smooth_steps)
+    drawn = _panel(axes[0, 0], df, "acc", f"online accuracy (rolling mean, {smooth_steps} steps)", smooth_steps,
+                   errorbar=errorbar)
     axes[0, 0].set_ylabel("accuracy")
     if has_eval:
-        _panel(axes[0, 1], df, "eval/acc", "held-out accuracy (eval/acc)", 1)
-    if drawn:
-        axes[0, 0].legend(fontsize=8)
+        _panel(axes[0, 1], df, "eval/acc", "held-out accuracy (eval/acc, each evaluation)", 1, errorbar=errorbar)
+    _legend(axes[0, 0], drawn)
     fig.tight_layout()
     return fig
 
-def fig_dis(df:pd.DataFrame, smooth_steps:int=10):
-    "Token fraction masked by DIS (total, below and above the band) for settings that use it."
+def fig_dis(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+    "Token fraction masked by DIS (total, below and above the band) for settings that use it: seed means with bands."
     import matplotlib.pyplot as plt
     with_dis = [n for n in list_settings() if _setting_spec(n).get("dis_band")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.3), squeeze=False)
     panels = [("dis/masked_frac", "DIS: masked fraction (total)"), ("dis/masked_below_frac", "masked below the band"),
               ("dis/masked_above_frac", "masked above the band")]
-    drawn = [_panel(ax, df, m, t, smooth_steps, with_dis) for ax, (m, t) in zip(axes[0], panels)]
-    if drawn[0]:
-        axes[0, 0].legend(fontsize=8)
+    drawn = [_panel(ax, df, m, t, smooth_steps, with_dis, errorbar) for ax, (m, t) in zip(axes[0], panels)]
+    _legend(axes[0, 0], drawn[0])
     fig.tight_layout()
     return fig
 
-def fig_critic(df:pd.DataFrame, smooth_steps:int=10):
-    "Critic explained variance and value loss (settings with a critic)."
+def fig_critic(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+    "Critic explained variance and value loss (settings with a critic): seed means with bands."
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.3), squeeze=False)
-    drawn = _panel(axes[0, 0], df, "critic/explained_var", "critic explained variance", smooth_steps)
-    _panel(axes[0, 1], df, "critic/value_loss", "critic value loss", smooth_steps)
-    if drawn:
-        axes[0, 0].legend(fontsize=8)
+    drawn = _panel(axes[0, 0], df, "critic/explained_var", "critic explained variance", smooth_steps, errorbar=errorbar)
+    _panel(axes[0, 1], df, "critic/value_loss", "critic value loss", smooth_steps, errorbar=errorbar)
+    _legend(axes[0, 0], drawn)
+    fig.tight_layout()
+    return fig
+
+# %% ../../nbs/72_report.figures.ipynb #de1d9ad7
+def fig_sweep(points:dict, # {point label: tidy metrics frame of that point's runs}, in panel order
+              metric:str="eval/acc", # what to draw (held-out accuracy by default; "acc" for online)
+              smooth_steps:int=1, errorbar=ERRORBAR, ncols:int=3):
+    "A sweep's curves: one panel per grid point, `metric` per setting as seed means with `errorbar` bands."
+    import matplotlib.pyplot as plt
+    labels = list(points)
+    ncols = max(1, min(ncols, len(labels)))
+    nrows = max(1, -(-len(labels) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7, 3.8 * ncols), 3.2 * nrows), squeeze=False, sharey=True)
+    first = None
+    for ax, label in zip(axes.flat, labels):
+        drawn = _panel(ax, points[label], metric, label, smooth_steps, errorbar=errorbar)
+        if drawn and first is None:
+            first = (ax, drawn)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.set_visible(False)
+    axes[0, 0].set_ylabel(metric)
+    if first:
+        _legend(*first)
     fig.tight_layout()
     return fig
