@@ -101,3 +101,41 @@ def test_monitor_loads_a_big_log_in_bounded_parts_and_answers_meanwhile(monitor)
     assert info["n_steps"] == N_STEPS and info["skipped"]["non_numeric"] == N_STEPS  # every line read exactly once
     m = json.loads(_get(port, "/api/metrics?run=mini/sao/seed0&metrics=acc&max_points=100000")[1])
     assert m["metrics"]["acc"]["step"] == list(range(N_STEPS))
+
+
+# ---------------------------------------------------------------- the report's provenance lines
+def _toy_study(runs, settings=("sao", "grpo"), seeds=(0, 1, 2), steps=60):
+    "Run folders as the testbed writes them (config.json, metrics.jsonl), with made-up but well-formed numbers."
+    for s in settings:
+        for k in seeds:
+            d = runs / "mini" / s / f"seed{k}"
+            d.mkdir(parents=True)
+            (d / "config.json").write_text(json.dumps({"setting": s, "seed": k, "backend": "mini", "steps": steps,
+                                                       "traj_per_step": 16, "out": str(runs)}))
+            rows = [{"step": i, "acc": (i + k) % 5 / 5, "correct": (i + k) % 5, "incorrect": 5 - (i + k) % 5,
+                     "reward/mean": (i % 4) / 4, "dis/masked_below_frac": 0.1, "dis/masked_above_frac": 0.02,
+                     "dis/kept_frac": 0.88, "rollout/resp_len": 3.0,
+                     **({"critic/explained_var": 0.3, "critic/value_loss": 0.2} if s == "sao" else {}),
+                     **({"eval/acc": 0.2 + 0.01 * k + 0.001 * i} if i % 20 == 0 or i == steps else {})}
+                    for i in range(1, steps + 1)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_provenance_is_code_compact_and_relative(tmp_path, monkeypatch):
+    from sao_repro.report import report_main
+    runs, out, elsewhere = tmp_path / "study" / "runs", tmp_path / "study" / "report", tmp_path / "elsewhere"
+    _toy_study(runs)
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the runs are outside the current folder, given as absolute paths
+    assert report_main(["--runs", str(runs), "--out", str(out), "--engine", "nbconvert"]) == 0
+    html = (out / "math_hard_report.html").read_text()
+    lines = re.findall(r"run folders:(.*?)Made(.*?)</p>", html, flags=re.S)
+    assert len(lines) >= 6
+    assert "<code></code>" not in html
+    for folders, made in lines:
+        assert folders.strip().startswith("<code>runs/mini/") and "<code>sao-repro report --runs runs --out report" in made
+    assert "<code>runs/mini/{grpo,sao}/seed{0,1,2}</code>" in html  # six folders in one pattern
+    assert "<code>runs/mini/sao/seed{0,1,2}</code>" in html  # the DIS and critic figures: sao only
+    assert not re.search(r"mini/(sao|grpo)/seed\d", html.split("<details>")[0].split("</style>")[-1])  # none one by one
+    for absolute in (str(tmp_path), str(Path.home()), "/tmp/"):
+        assert absolute not in html, absolute
