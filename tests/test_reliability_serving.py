@@ -139,3 +139,39 @@ def test_report_provenance_is_code_compact_and_relative(tmp_path, monkeypatch):
     assert not re.search(r"mini/(sao|grpo)/seed\d", html.split("<details>")[0].split("</style>")[-1])  # none one by one
     for absolute in (str(tmp_path), str(Path.home()), "/tmp/"):
         assert absolute not in html, absolute
+
+
+# ---------------------------------------------------------------- rehearse and cpu-server: ports, the run-folder lock
+@pytest.mark.parametrize("command", [["rehearse", "--setting", "sao"], ["cpu-server", "--model", "."]])
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_rehearse_and_cpu_server_bad_port_exit_2_without_a_traceback(command, port, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", *command, "--port", port, *(["--out", str(tmp_path)] if command[0] == "rehearse" else [])],
+                       capture_output=True, text=True, env=_env(), timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "--port" in p.stderr and "0..65535" in p.stderr and "Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+HOLD = ("import sys, time; from sao_repro.runlog import lock_run_dir\n"
+        "with lock_run_dir(sys.argv[1], 'rehearse'):\n    print('held', flush=True); time.sleep(600)")
+
+
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_second_rehearse_on_a_busy_run_folder_exits_2_naming_the_holder(extra, tmp_path):
+    run_dir = tmp_path / "areal" / "sao" / "seed1"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (run_dir / "main.log").write_text("the first rehearsal's log\n")
+        t = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "rehearse", "--setting", "sao", "--engine", "stand-in",
+                            "--out", str(tmp_path), *extra], capture_output=True, text=True, env=_env(), timeout=300)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"PID {holder.pid}" in p.stderr and "rehearse" in p.stderr and "Traceback" not in p.stderr
+        assert "building the tiny model" not in p.stdout  # refused before it started anything
+        assert sorted(x.name for x in run_dir.iterdir()) == [".lock", "main.log"]  # --overwrite removed nothing
+        assert (run_dir / "main.log").read_text() == "the first rehearsal's log\n"
+        assert time.monotonic() - t < 120
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)

@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
 from ..stopping import serve_until_interrupted
+from ..checks import port_arg
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925
 class CPUGenerator:
@@ -234,7 +235,7 @@ def cpu_server_parser() -> argparse.ArgumentParser:
                                 "endpoints AReaL 1.0.4's vLLM client calls (rehearsals; vLLM or SGLang on GPUs).")
     p.add_argument("--model", required=True, help="Hugging Face model folder (e.g. the one `sao-repro rehearse` builds)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--logprob-noise", type=float, default=0.0,
                    help="std of Gaussian noise on the reported log-probs: a behaviour/trainer mismatch for DIS to mask (default 0)")
     p.add_argument("--sample-dtype", choices=["float32", "bfloat16"], default="float32",
