@@ -255,3 +255,21 @@ def test_cpu_server_non_loopback_bind_needs_a_key(tiny_model, tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("length, code", [("abc", 400), ("-5", 400), (str(10**12), 413)])
+def test_cpu_server_bad_content_length_is_a_4xx_not_a_traceback(cpu_server, length, code):
+    import socket
+    port, log = cpu_server
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+        head = s.recv(4096).decode(errors="replace")
+    assert head.startswith(f"HTTP/1.1 {code}") and "Content-Length" in head
+    assert _post(port, "/v1/completions", {"prompt": [1, 5, 6], "max_tokens": 2})[0] == 200  # still serving
+    assert "Traceback" not in log.read_text()
+
+
+def test_cpu_server_listen_backlog_is_not_5(cpu_server):
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{cpu_server[0]}"], capture_output=True, text=True).stdout
+    backlog = int(out.split()[2])  # State Recv-Q Send-Q ...: Send-Q of a listening socket is its backlog
+    assert backlog >= 128, out
