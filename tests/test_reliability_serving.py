@@ -273,3 +273,20 @@ def test_cpu_server_listen_backlog_is_not_5(cpu_server):
     out = subprocess.run(["ss", "-ltnH", f"sport = :{cpu_server[0]}"], capture_output=True, text=True).stdout
     backlog = int(out.split()[2])  # State Recv-Q Send-Q ...: Send-Q of a listening socket is its backlog
     assert backlog >= 128, out
+
+
+def test_cpu_server_stops_generating_when_the_client_goes_away(cpu_server):
+    import socket
+    port, log = cpu_server
+    long = json.dumps({"prompt": [1, 5, 6], "max_tokens": 1e9, "ignore_eos": True}).encode()
+    t = time.monotonic()
+    assert _post(port, "/v1/completions", long)[0] == 200
+    full = time.monotonic() - t  # a whole answer: the model's length in tokens
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(long), long))
+    time.sleep(min(0.3, full / 4))  # its generation has begun and holds the lock
+    s.close()  # the client gives up
+    t = time.monotonic()
+    assert _post(port, "/v1/completions", {"prompt": [1, 5, 6], "max_tokens": 2})[0] == 200
+    assert time.monotonic() - t < full / 2, (time.monotonic() - t, full)  # not behind the abandoned generation

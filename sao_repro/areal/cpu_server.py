@@ -16,7 +16,9 @@ import ipaddress
 import json
 import os
 import secrets
+import select
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -88,6 +90,7 @@ def generate(self:CPUGenerator,
              temperature:float=1.0, top_p:float=1.0, top_k:int=-1,
              stop_token_ids:list[int]|None=None, # extra stop tokens
              ignore_eos:bool=False,
+             cancelled=None, # a callable: True once the client went away (generation stops, the lock is freed)
              ) -> dict:
     "Sample up to `max_tokens` tokens after `prompt` with a KV cache: tokens, log-probs and the finish reason."
     self.running.wait()  # paused: wait for /areal_continue_generation
@@ -100,8 +103,8 @@ def generate(self:CPUGenerator,
             stops.update(eos if isinstance(eos, list) else [eos])
         ids, past = torch.tensor([prompt], dtype=torch.long), None
         for _ in range(max(0, int(max_tokens))):
-            if not self.running.is_set():  # a weight update is waiting: AReaL resubmits the rest
-                reason = "abort"
+            if not self.running.is_set() or (cancelled is not None and cancelled()):  # a weight update is waiting
+                reason = "abort"  # (AReaL resubmits the rest), or nobody is left to read the answer
                 break
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.sample_dtype == "bfloat16"):
                 out = model(input_ids=ids, past_key_values=past, use_cache=True)
@@ -157,8 +160,8 @@ def sampling_params(engine:CPUGenerator, req:dict) -> dict:
             "top_k": _whole(req.get("top_k") or -1, "top_k"), "stop_token_ids": stops,
             "ignore_eos": bool(req.get("ignore_eos", False))}
 
-def _completion(engine:CPUGenerator, req:dict) -> dict:
-    return completion_response(engine.generate(**sampling_params(engine, req)))
+def _completion(engine:CPUGenerator, req:dict, cancelled=None) -> dict:
+    return completion_response(engine.generate(**sampling_params(engine, req), cancelled=cancelled))
 
 def _routes(engine:CPUGenerator) -> dict:
     "POST endpoint -> handler(request dict) -> answer dict."
@@ -219,6 +222,14 @@ def make_handler(engine:CPUGenerator):
                 return True
             self._send(401, {"error": "missing or wrong key (X-API-Key header or Authorization: Bearer)"})
             return False
+        def _gone(self) -> bool:
+            "True when the client closed its connection (it will never read the answer)."
+            try:
+                if not select.select([self.connection], [], [], 0)[0]:
+                    return False
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
         def do_GET(self):
             if not self._allowed():
                 return
@@ -242,6 +253,8 @@ def make_handler(engine:CPUGenerator):
                 return self._send(404, {"error": f"no endpoint POST {self.path}; served: {', '.join(routes)}"})
             try:
                 req = json.loads(raw or b"{}")
+                if self.path.split("?")[0] == "/v1/completions":
+                    return self._send(200, _completion(engine, req, self._gone))
                 return self._send(200, route(req))
             except (ValueError, KeyError, TypeError) as e:
                 return self._send(400, {"error": f"{type(e).__name__}: {e}"})
