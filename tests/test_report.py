@@ -138,11 +138,21 @@ def test_reference_numbers_are_separate_and_labeled(rendered):
     assert "not our runs" in html and "Qwen3-4B" in html
 
 
+def expand_braces(pattern):
+    "The paths a brace pattern names: `a/{b,c}/seed{0,1}` -> a/b/seed0, a/b/seed1, a/c/seed0, a/c/seed1."
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return {pattern}
+    return {p for alt in m.group(1).split(",") for p in expand_braces(pattern[:m.start()] + alt + pattern[m.end():])}
+
+
 def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
     assert len(lines) == 8  # accuracy, headline, numbers, per run, DIS, critic, health, distance (design / reference name their sources)
-    named = [set(re.findall(r"mini/(\w+)/seed(\d)", line)) for line in lines]
+    assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
+    named = [{re.fullmatch(r"runs\d*/mini/(\w+)/seed(\d)", p).groups() for c in re.findall(r"<code>([^<]*)</code>", line)
+              for p in expand_braces(c)} for line in lines]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
     assert named[0] == named[1] == named[2] == named[3] == named[6] == named[7] == every
     assert named[4] == named[5] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here

@@ -12,6 +12,7 @@ __all__ = ['OVERLAY', 'SCHEDULERS', 'ENGINES', 'ENGINE_DTYPES', 'STAND_IN_ENGINE
 
 # %% ../../nbs/44_areal.rehearse.ipynb #4d81ede2
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..settings import get_setting, list_settings
 from ..runconfig import repo_dir
+from ..runlog import LOCK_FILE, RunFolderBusy, lock_run_dir
+from ..checks import port_arg
 from .launch import CPU_RAY_HEAD, areal_cpu_requirements, missing_requirements, ray_running, setting_config
 from .tiny import tiny_assets
 from .train import PARENT_ENV
@@ -115,10 +118,14 @@ class RehearsalError(RuntimeError):
     "A rehearsal that cannot start: the message says what to change."
 
 def check_run_dir(run_dir:Path, resume:bool, overwrite:bool):
-    "Refuse to silently replace an earlier run; `overwrite` removes it."
-    has_run = run_dir.is_dir() and any(run_dir.iterdir())
-    if has_run and overwrite:
+    "Refuse to silently replace an earlier run; `overwrite` removes it (all but the run-folder lock this rehearsal holds)."
+    entries = [p for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
+    has_run = bool(entries)
+    if has_run and overwrite and not (run_dir / LOCK_FILE).exists():
         shutil.rmtree(run_dir)
+    elif has_run and overwrite:
+        for e in entries:
+            shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
     elif has_run and not resume:
         raise RehearsalError(f"{run_dir} already holds a run: continue it with --resume, or replace it with --overwrite")
 
@@ -361,7 +368,7 @@ def rehearse_parser() -> argparse.ArgumentParser:
                    help="the engine's precision (default float32; bfloat16: the trainer scores in float32, a GPU cluster's mismatch)")
     p.add_argument("--logprob-noise", type=float, default=None,
                    help="stand-in only: std of the noise on its log-probs, a mismatch for DIS to mask (default 1.0 there)")
-    p.add_argument("--port", type=int, default=None, help="spmd: the server's port (default: a free one)")
+    p.add_argument("--port", type=port_arg, default=None, help="spmd: the server's port (default: a free one)")
     p.add_argument("--server-timeout", type=float, default=600.0,
                    help="spmd: seconds the vLLM server may take to become healthy (default 600; ~1-2 min on 2 cores)")
     return p
@@ -406,11 +413,22 @@ def rehearse_main(argv:list[str]|None=None) -> int:
     _validate(a, p)
     settings = list_settings() if a.setting == "all" else [a.setting]
     runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine) for s in settings]
-    try:
-        for r in runs:
-            check_run_dir(r.run_dir, a.resume, a.overwrite)
-    except RehearsalError as e:
-        p.error(str(e))
+    with contextlib.ExitStack() as held:
+        try:  # one rehearsal per run folder, for its whole life: a second one exits 2 before it starts anything
+            for r in runs:
+                held.enter_context(lock_run_dir(r.run_dir, "rehearse"))
+        except RunFolderBusy as e:
+            print(f"sao-repro rehearse: {e}", file=sys.stderr)
+            return 2
+        try:
+            for r in runs:
+                check_run_dir(r.run_dir, a.resume, a.overwrite)
+        except RehearsalError as e:
+            p.error(str(e))
+        return _rehearse(a, settings)
+
+def _rehearse(a, settings:list[str]) -> int:
+    "The rehearsal itself, its run folders locked and checked."
     print("rehearse: building the tiny model and data (cached after the first time)...", flush=True)
     assets = tiny_assets()
     records, started_ray = [], False

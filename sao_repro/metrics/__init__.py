@@ -44,6 +44,12 @@ class LineTail:
         self.dropping = False
         self.too_long = 0
         self.restarted = False
+        self.size = 0  # the file's size when last read: `behind` while `offset` is short of it
+
+    @property
+    def behind(self) -> bool:
+        "True when the last `read` stopped before the end of the file (its `max_bytes` ran out)."
+        return self.offset < self.size
 
     def _stat_size(self):
         try:
@@ -51,16 +57,22 @@ class LineTail:
         except OSError:
             return None
 
-    def read(self, final:bool=False) -> Iterator[tuple[bytes, bool]]:
+    def read(self,
+             final:bool=False, # also yield an unterminated last line (once the whole file is read)
+             max_bytes:int|None=None, # read at most about this many bytes in this call (None: to the end)
+            ) -> Iterator[tuple[bytes, bool]]:
         "Yield `(line, complete)` for new lines; `complete` is False only for a final unterminated line."
         size = self._stat_size()
         if size is None:
             return
         if size < self.offset:
             self.offset, self.pending, self.dropping, self.restarted = 0, b"", False, True
+        self.size = size
+        left = math.inf if max_bytes is None else max(0, max_bytes)
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            while chunk := f.read(CHUNK):
+            while left > 0 and (chunk := f.read(min(CHUNK, left))):
+                left -= len(chunk)
                 self.offset += len(chunk)
                 parts = (self.pending + chunk).split(b"\n")
                 self.pending = parts.pop()
@@ -74,7 +86,8 @@ class LineTail:
                 if len(self.pending) > self.max_line:
                     self.too_long += 0 if self.dropping else 1
                     self.pending, self.dropping = b"", True
-        if final and self.pending and not self.dropping:
+        self.size = max(self.size, self.offset)
+        if final and self.pending and not self.dropping and not self.behind:
             last, self.pending = self.pending, b""
             yield last, False
 
@@ -151,6 +164,7 @@ class RunReader:
         self.nonfinite = False
         self.graded = 0.0
         self.last_step_time = None
+        self.loading = True  # until a call reads every file to its end (a big log loads over several bounded calls)
         self.identity = run_identity(self.dir, run_name, follow_symlinks)
 
     def _tail(self, path:Path) -> LineTail:
@@ -191,25 +205,25 @@ def thin_steps(self:RunReader):
 
 # %% ../../nbs/64_metrics.ipynb #3e0ae437
 @patch
-def _read_metrics(self:RunReader, src:Path, final:bool):
+def _read_metrics(self:RunReader, src:Path, final:bool, max_bytes:int|None=None):
     tail = self._tail(src)
     if tail.replaced():  # truncated or rewritten in place: its old steps are gone
         self.steps, self.areal, self.nonfinite, self.graded = {}, None, False, 0.0
     if src.name == METRICS_FILE:
-        for raw, complete in tail.read(final):
+        for raw, complete in tail.read(final, max_bytes):
             if rec := parse_metrics_line(raw, self.skipped, complete):
                 self._add(*rec)
     else:
         if self.areal is None:
             self.areal = ArealLogParser(self.skipped)
         scan = src.name in [p.name for p in self._log_files()]
-        for raw, complete in tail.read(final):
+        for raw, complete in tail.read(final, max_bytes):
             line = raw.decode("utf-8", errors="replace")
             if scan:
                 self.health.feed(clean_log_line(line), src.name)
             if rec := self.areal.feed(line):
                 self._add(rec[0], areal_to_metrics(rec[1]))
-        if final and (rec := self.areal.flush()):
+        if final and not tail.behind and (rec := self.areal.flush()):
             self._add(rec[0], areal_to_metrics(rec[1]))
         self._add_step_times()
     self.skipped["too_long"] = sum(t.too_long for t in self.tails.values())
@@ -224,21 +238,40 @@ def _add_step_times(self:RunReader):
 
 # %% ../../nbs/64_metrics.ipynb #b91a6c55
 @patch
-def update(self:RunReader, final:bool=False) -> bool:
-    "Read what was appended since the last call; True when new steps arrived."
+def progress(self:RunReader) -> tuple[int, int]:
+    "`(bytes read, bytes known)` of the files the reader follows."
+    return sum(t.offset for t in self.tails.values()), sum(max(t.size, t.offset) for t in self.tails.values())
+
+@patch
+def update(self:RunReader,
+           final:bool=False, # unterminated last lines count (as truncated), once each file is read to its end
+           max_bytes:int|None=None, # read at most about this many bytes in all (None: everything appended)
+          ) -> bool:
+    "Read what was appended since the last call; True when new steps arrived; `loading` while some of it is still unread."
     n_before = len(self.steps)
     last_before = max(self.steps, default=None)
+    start = self.progress()[0]
+    def left():
+        return None if max_bytes is None else max_bytes - max(0, self.progress()[0] - start)
+    short = False  # a file was not read to its end: the budget ran out
     src = self._source()
     if src is not None:
-        self._read_metrics(src, final)
-    if readable(self.dir/EVENTS_FILE, self.follow):
-        for raw, _ in self._tail(self.dir/EVENTS_FILE).read(final):
-            self.health.feed_event(raw.decode("utf-8", errors="replace"))
-    for p in self._log_files():
-        if p == src:
-            continue
-        for raw, _ in self._tail(p).read(final):
-            self.health.feed(clean_log_line(raw.decode("utf-8", errors="replace")), p.name)
+        self._read_metrics(src, final, left())
+        short = self._tail(src).behind
+    files = ([self.dir/EVENTS_FILE] if readable(self.dir/EVENTS_FILE, self.follow) else []) + [p for p in self._log_files() if p != src]
+    for p in files:
+        if short or (left() is not None and left() <= 0):
+            short = True
+            break
+        tail = self._tail(p)
+        for raw, _ in tail.read(final, left()):
+            line = raw.decode("utf-8", errors="replace")
+            if p.name == EVENTS_FILE:
+                self.health.feed_event(line)
+            else:
+                self.health.feed(clean_log_line(line), p.name)
+        short = tail.behind
+    self.loading = short
     changed = len(self.steps) != n_before or max(self.steps, default=None) != last_before
     if changed and src is not None:
         self.last_step_time = src.stat().st_mtime
@@ -271,7 +304,8 @@ def info(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
             "flags": self.flags(stall_minutes, now), "flag_steps": sao_flags(self.steps),
             "last_update": None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)),
             "reward_timeouts": self.health.timeouts, "skipped": dict(self.skipped),
-            "messages": list(self.health.messages)}
+            "messages": list(self.health.messages),
+            "loading": self.loading, "loaded_bytes": self.progress()[0], "total_bytes": self.progress()[1]}
 
 @patch
 def frame(self:RunReader) -> pd.DataFrame:
@@ -307,14 +341,35 @@ class RunStore:
         self.max_steps = max_steps
         self.readers = {}
 
-    def refresh(self, final:bool=False) -> dict:
-        "Discover runs and read new data; returns the readers by run name."
+    def new_readers(self) -> dict:
+        "Readers for the run folders that appeared since the last call (not yet added, not yet read)."
+        new = {}
         for name, d in find_runs(self.root, self.follow):
             if name not in self.readers:
-                self.readers[name] = RunReader(d, name, self.follow)
-                self.readers[name].max_steps = self.max_steps
-        for r in self.readers.values():
-            r.update(final)
+                new[name] = RunReader(d, name, self.follow)
+                new[name].max_steps = self.max_steps
+        return new
+
+    def read(self, final:bool=False, max_bytes:int|None=None) -> int:
+        "Read new data of every run, at most about `max_bytes` in all (runs still loading last); returns the bytes read."
+        total = 0
+        for r in sorted(self.readers.values(), key=lambda r: r.loading):
+            if max_bytes is not None and total >= max_bytes:
+                break
+            before = r.progress()[0]
+            r.update(final, None if max_bytes is None else max_bytes - total)
+            total += max(0, r.progress()[0] - before)
+        return total
+
+    @property
+    def loading(self) -> bool:
+        "True while some run has data not read yet (a bounded `read` stopped short)."
+        return any(r.loading for r in self.readers.values())
+
+    def refresh(self, final:bool=False, max_bytes:int|None=None) -> dict:
+        "Discover runs and read new data (at most about `max_bytes`); returns the readers by run name."
+        self.readers.update(self.new_readers())
+        self.read(final, max_bytes)
         return self.readers
 
     def frame(self) -> pd.DataFrame:

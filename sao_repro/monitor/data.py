@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from ..metrics import RunStore
 
 # %% auto #0
-__all__ = ['MAX_STEPS_PER_RUN', 'finite_or_none', 'jsonable', 'thin', 'MonitorState']
+__all__ = ['MAX_STEPS_PER_RUN', 'MAX_READ_BYTES', 'READ_STEP_BYTES', 'finite_or_none', 'jsonable', 'thin', 'MonitorState']
 
 # %% ../../nbs/65_monitor.data.ipynb #f2ae543e
 def finite_or_none(x):
@@ -41,27 +41,46 @@ def thin(n:int, max_points:int) -> list[int]:
 
 # %% ../../nbs/65_monitor.data.ipynb #e9182125
 MAX_STEPS_PER_RUN = 20_000  # steps held per run; older ones are downsampled so memory does not grow with the log
+MAX_READ_BYTES = 8 << 20  # logs read per request at most: a 200 MB log loads over ~25 requests, each answered in seconds
+READ_STEP_BYTES = 1 << 20  # read in steps of this size under the data lock, so other requests are answered in between
 
 # %% ../../nbs/65_monitor.data.ipynb #3c59b97d
 class MonitorState:
-    "Thread-safe access to the runs below the logs folder, re-read at most every `refresh_s` seconds."
-    def __init__(self, logs, stall_minutes:float=10.0, refresh_s:float=1.0):
+    "Thread-safe access to the runs below the logs folder, re-read at most every `refresh_s` seconds, a bounded amount per call."
+    def __init__(self, logs, stall_minutes:float=10.0, refresh_s:float=1.0, max_read_bytes:int=MAX_READ_BYTES):
         self.root = Path(logs).resolve()
         self.stall_minutes = stall_minutes
         self.refresh_s = refresh_s
-        self.lock = threading.Lock()
+        self.max_read_bytes = max_read_bytes
+        self.lock = threading.Lock()  # guards the readers' data; held for one read step at a time
+        self.read_lock = threading.Lock()  # one request reads the logs; the others serve what is loaded
         self.store = RunStore(self.root, follow_symlinks=False, max_steps=MAX_STEPS_PER_RUN)
         self.last = -math.inf
 
     def refresh(self, force:bool=False):
-        with self.lock:
-            if force or time.monotonic() - self.last >= self.refresh_s:
-                self.store.refresh()
-                self.last = time.monotonic()
+        "Read new log data (at most `max_read_bytes`); returns at once when another request is reading (`force`: wait for it)."
+        if not self.read_lock.acquire(blocking=force):
+            return
+        try:
+            if not (force or self.store.loading or time.monotonic() - self.last >= self.refresh_s):
+                return
+            new = self.store.new_readers()
+            with self.lock:
+                self.store.readers.update(new)
+            left = self.max_read_bytes
+            while left > 0:
+                with self.lock:
+                    n = self.store.read(max_bytes=min(left, READ_STEP_BYTES))
+                left -= n
+                if n == 0 or not self.store.loading:
+                    break
+            self.last = time.monotonic()
+        finally:
+            self.read_lock.release()
 
     def rescan(self):
         "Admin: drop every cached reader and read all runs again from the start."
-        with self.lock:
+        with self.read_lock, self.lock:
             self.store = RunStore(self.root, follow_symlinks=False, max_steps=MAX_STEPS_PER_RUN)
             self.last = -math.inf
         self.refresh(force=True)

@@ -22,7 +22,7 @@ from .tables import (
     REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
     numbers_table, reference_table, run_summary, health_table)
 from .text import (
-    display_path, html_id, md_code, provenance, report_title, runs_block, runs_commands, runs_using, testbed_limits)
+    display_path, html_id, md_code, provenance, report_base, report_title, runs_block, runs_commands, runs_using, testbed_limits)
 from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep
 from .render import (
     REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html, offline_violations,
@@ -108,14 +108,15 @@ def render_report(runs="runs", # runs folder
     if load_runs(runs)[1].empty:
         raise FileNotFoundError(f"no run folders (metrics.jsonl, config.json) under {runs}; "
                                 f"make runs with `sao-repro compare --out {runs}` first")
-    command = command or f"sao-repro report --runs {runs} --out {out}"
-    params = {"runs_dir": str(runs.resolve()), "runs_label": display_path(runs), "start_steps": start_steps,
+    base = report_base(runs)  # every path the report shows is relative to it: never a home or temporary folder
+    command = command or f"sao-repro report --runs {shlex.quote(display_path(runs, base))} --out {shlex.quote(display_path(out, base))}"
+    params = {"runs_dir": str(runs.resolve()), "runs_label": display_path(runs, base), "start_steps": start_steps,
               "end_steps": end_steps, "smooth_steps": smooth_steps, "command": command}
     results = sweep_result_files(sweeps)
     if sweeps is not None:
         if not results:
             raise FileNotFoundError(f"no <name>/results.json under {sweeps}; run `sao-repro sweep CONFIG` first")
-        params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps)})
+        params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps, base)})
     use_quarto = bool(engine == "quarto" or (engine == "auto" and shutil.which("quarto")))
     sweep_runs = [m for r in results for m in sorted(r.parent.rglob("metrics.jsonl")) if "checkpoints" not in m.parts]
     key = runs_fingerprint(runs, [nb, *_source_files(), *results, *sweep_runs],  # sweep figures read the sweeps' runs
@@ -179,10 +180,11 @@ def report_main(argv:list[str]|None=None) -> int:
     bad = [f for f in formats if f not in ("html", "pdf")]
     if bad or not formats:
         p.error(f"--format {a.format!r}: use html, pdf or html,pdf")
-    cmd = f"sao-repro report --runs {shlex.quote(display_path(a.runs))} --out {shlex.quote(display_path(a.out))}"
+    base = report_base(a.runs)
+    cmd = f"sao-repro report --runs {shlex.quote(display_path(a.runs, base))} --out {shlex.quote(display_path(a.out, base))}"
     for flag, v, default in (("--start-steps", a.start_steps, 50), ("--end-steps", a.end_steps, 50),
-                             ("--smooth", a.smooth, 10), ("--notebook", a.notebook, None),
-                             ("--sweeps", a.sweeps and display_path(a.sweeps), None)):
+                             ("--smooth", a.smooth, 10), ("--notebook", a.notebook and display_path(a.notebook, base), None),
+                             ("--sweeps", a.sweeps and display_path(a.sweeps, base), None)):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
     try:
         res = render_report(a.runs, a.out, formats, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,

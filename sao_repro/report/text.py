@@ -15,8 +15,8 @@ from ..mini.train import MiniRunConfig
 from .tables import REFERENCE_RESULTS, _order, _setting_spec
 
 # %% auto #0
-__all__ = ['BACKEND_NAMES', 'md_text', 'md_code', 'html_id', 'run_command', 'runs_commands', 'provenance', 'runs_using',
-           'display_path', 'runs_block', 'report_title', 'testbed_limits']
+__all__ = ['BACKEND_NAMES', 'md_text', 'md_code', 'html_id', 'run_command', 'runs_commands', 'compact_paths', 'provenance',
+           'runs_using', 'display_path', 'report_base', 'runs_block', 'report_title', 'testbed_limits']
 
 # %% ../../nbs/71_report.text.ipynb #3f721523
 _PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./-,:=+@%_")
@@ -26,8 +26,11 @@ def md_text(text) -> str:
     return "".join(c if c in _PLAIN else f"&#{ord(c)};" for c in str(text))
 
 def md_code(text) -> str:
-    "`text` as an inline code element, safe in Markdown and HTML whatever it contains."
-    return f"<code>{md_text(text)}</code>"
+    "`text` as a Markdown code span, shown literally whatever it contains (a backtick, a tag, `*`): the renderer escapes it."
+    s = re.sub(r"\s*[\r\n]+\s*", " ", str(text))
+    fence = "`" * (max(map(len, re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""  # one space each side is dropped by the renderer
+    return f"{fence}{pad}{s}{pad}{fence}"
 
 def html_id(text) -> str:
     "`text` as an HTML id / class token: letters, digits, `-` and `_` only."
@@ -66,14 +69,47 @@ def runs_commands(runs, runs_df:pd.DataFrame,
              for b, s, k, c in zip(runs_df.backend, runs_df.setting, runs_df.seed, runs_df.config) if b not in covered]
     return cmds
 
+def _natural(s:str):
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", s) if t]
+
+def _braces(values) -> str:
+    "One path part for several values: `seed{0,1,2}` (a shared prefix / suffix around numbers), else `{a,b}`."
+    vals = sorted(set(values), key=_natural)
+    if len(vals) == 1:
+        return vals[0]
+    m = [re.fullmatch(r"(\D*)(\d+)(\D*)", v) for v in vals]
+    if all(m) and len({(x.group(1), x.group(3)) for x in m}) == 1:
+        return f"{m[0].group(1)}{{{','.join(x.group(2) for x in m)}}}{m[0].group(3)}"
+    return "{" + ",".join(vals) + "}"
+
+def _compact(parts:list[tuple]) -> list[str]:
+    "Patterns covering exactly the paths `parts` (tuples of equal length), factored from the left."
+    if not parts[0]:
+        return [""]
+    rests = {}
+    for p in parts:
+        rests.setdefault(p[0], []).append(p[1:])
+    by_rest = {}
+    for head, rest in rests.items():
+        by_rest.setdefault(tuple(_compact(rest)), []).append(head)
+    return [_braces(heads) + ("/" + r if r else "") for rest, heads in by_rest.items() for r in rest]
+
+def compact_paths(names) -> list[str]:
+    "Run folder names in brace form, e.g. `mini/{grpo,sao}/seed{0,1,2}` for six folders; each pattern names exactly its folders."
+    groups = {}
+    for n in sorted(set(map(str, names)), key=_natural):
+        parts = tuple(n.split("/"))
+        groups.setdefault(len(parts), []).append(parts)
+    return [p for k in sorted(groups) for p in _compact(groups[k])]
+
 def provenance(what:str, # e.g. "Figure 1" or "Table: numbers"
                run_names, # the run folders (names relative to `runs`)
-               runs, # the runs folder
+               runs, # how the report names the runs folder (`runs_label`: relative, never a home or temporary folder)
                report_cmd:str, # the command that made the report
                made_by:str="", # the function that computed it
               ) -> str:
-    "One markdown line naming the run folders and the commands behind a table or figure."
-    folders = ", ".join(md_code(Path(runs)/r) for r in run_names) or "(none)"
+    "One markdown line naming the run folders (compactly, see `compact_paths`) and the commands behind a table or figure."
+    folders = ", ".join(md_code(f"{Path(runs).as_posix()}/{p}") for p in compact_paths(run_names)) or "(none)"
     fn = f" by {md_code(made_by)}" if made_by else ""
     return f"*{what}* — run folders: {folders}. Made{fn} with {md_code(report_cmd)}."
 
@@ -88,12 +124,17 @@ def runs_using(runs_df:pd.DataFrame, # from `load_runs`
 
 # %% ../../nbs/71_report.text.ipynb #2766f7d4
 def display_path(p, base=None) -> str:
-    "`p` relative to `base` (default: the current directory) when inside it, else as given: no home folders in reports."
+    "`p` relative to `base` (default: the current directory) when inside it, else its name alone: no absolute path in reports."
     p, base = Path(p), Path(base or Path.cwd()).resolve()
     try:
         return p.resolve().relative_to(base).as_posix()
     except ValueError:
-        return p.as_posix()
+        return p.resolve().name or "."
+
+def report_base(runs) -> Path:
+    "The folder a report's paths are shown relative to: the current one when it holds `runs`, else the one holding `runs`."
+    runs, cwd = Path(runs).resolve(), Path.cwd().resolve()
+    return cwd if runs.is_relative_to(cwd) else runs.parent
 
 def runs_block(runs_df:pd.DataFrame, # from `load_runs`
                runs_label:str, # how the runs folder is named in the report

@@ -26,6 +26,7 @@ function el(tag, cls, text) {
   if (text !== undefined) e.textContent = text;
   return e;
 }
+function pct(r) { return r.total_bytes ? Math.floor(100 * r.loaded_bytes / r.total_bytes) : 0; }
 function renderRuns(runs) {
   const body = document.querySelector("#runs tbody");
   body.replaceChildren();
@@ -45,7 +46,8 @@ function renderRuns(runs) {
       if (at !== null && at !== undefined) sp.title = f + " since step " + at;
       ft.append(sp);
     }
-    if (!on.length) ft.append(el("span", "flag flag-ok", "running"));
+    if (r.loading) ft.append(el("span", "flag flag-loading", "loading " + pct(r) + "%"));  // a big log read over several polls
+    else if (!on.length) ft.append(el("span", "flag flag-ok", "running"));
     if (r.messages && r.messages.length) ft.title = r.messages.join("\n");  // the log lines behind the flags
     tr.append(ft);
     tr.append(el("td", "", rate === null || rate === undefined ? "-" : (100 * rate).toFixed(2) + "% (" + r.reward_timeouts + ")"));
@@ -158,6 +160,7 @@ function renderCharts() {
     drawChart(canvases[k], series);
   });
 }
+let wait = 2000;
 async function poll() {
   const status = document.getElementById("status");
   try {
@@ -169,11 +172,17 @@ async function poll() {
     polls += 1;
     document.body.dataset.polls = String(polls);
     if (runs.length && data.some(d => Object.keys(d.metrics).length)) document.body.dataset.loaded = "1";
-    status.textContent = runs.length + " runs · updated " + new Date().toLocaleTimeString();
+    const loading = runs.filter(r => r.loading);
+    const mb = x => (x / 1048576).toFixed(0);
+    status.textContent = runs.length + " runs · " + (loading.length
+      ? "loading " + mb(loading.reduce((a, r) => a + r.loaded_bytes, 0)) + " of " + mb(loading.reduce((a, r) => a + r.total_bytes, 0)) + " MB…"
+      : "updated " + new Date().toLocaleTimeString());
+    document.body.dataset.loading = loading.length ? "1" : "";
+    wait = loading.length ? 300 : 2000;  // poll on quickly while a big log loads: each request reads the next part
   } catch (e) {
     status.textContent = "error: " + e.message;
   }
-  setTimeout(poll, 2000);
+  setTimeout(poll, wait);
 }
 document.getElementById("smooth").addEventListener("input", renderCharts);
 window.addEventListener("resize", renderCharts);
