@@ -203,7 +203,7 @@ def _data_line(c:dict) -> str|None:
     return f"synthetic arithmetic ({c.get('difficulty')}-digit, ops '{c.get('ops')}') in the MATH schema"
 
 def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
-    "Paper vs these runs: model, data, scale, DIS band convention, asynchrony."
+    "Paper vs these runs: model, data, scale, DIS band preset, asynchrony."
     cfgs = [c for c in runs_df.config if isinstance(c, dict)]
     backends = ", ".join(sorted(runs_df.backend.unique())) or "-"
     def vals(f):
@@ -212,12 +212,12 @@ def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
                              if m else c.get("model"))((c.get("warm_start") or {}).get("model")))
     data = vals(_data_line)
     steps = "/".join(map(str, sorted(set(int(x) for x in summary.last_step)))) if len(summary) else "-"
-    conv = vals(lambda c: (lambda s: f"{s.get('dis_convention')} {list(s.get('dis_band'))}" if s.get("dis_band") else None)(c.get("setting_spec") or {}))
+    conv = vals(lambda c: (lambda b: None if b == "-" else b)(_band_label(c.get("setting_spec") or {}, c)))
     lag = vals(lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), behaviour noise {c.get('noise')}" if "lag" in c else None)
     rows = [("backend", "AReaL on a GPU cluster", backends), ("model", "Qwen3-4B", model),
             ("data", "MATH, hard split; math-verify reward", data), ("steps", "1000", steps),
             ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(lambda c: c.get("traj_per_step"))),
-            ("DIS band convention", "absolute [0.3, 5.0] (reference implementation)", conv),
+            ("DIS band (preset)", "reference [0.3, 5.0] (reference implementation)", conv),
             ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag)]
     return pd.DataFrame(rows, columns=["", "paper / reference", "these runs"])
 
