@@ -663,3 +663,23 @@ def test_critic_engine_warm_starts_from_an_areal_critic_checkpoint(tmp_path):
         critic_init_source(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="sao.critic_init"):  # a setting without a critic has nothing to warm-start
         load("phase2_hard_grpo.yaml", "sao.critic_init=/somewhere")
+
+
+def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeypatch):
+    "Rank 0's config.json: the effective setting (resolved paper-math band, its preset, frozen attention) and the critic's source."
+    import json
+    import areal.api.cli_args as cli_args
+    from sao_repro.areal import train as T
+    ck = tmp_path / "ck" / "epoch1epochstep3globalstep12"
+    _tiny_critic(0).save_pretrained(ck)
+    run = tmp_path / "run"
+    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}")
+    monkeypatch.setattr(cli_args, "save_config", lambda *a, **k: None)  # AReaL's own copy goes under its fileroot
+    T._start_run(cfg, str(run))
+    c = json.loads((run / "config.json").read_text())
+    spec = c["setting_spec"]
+    assert (spec["dis_band"], spec["dis_preset"], spec["critic_freeze"]) == ([0.7, 6.0], "paper-math", "attention")
+    src = c["critic_source"]
+    assert src["path"] == str(ck.resolve()) and src["step"] == 12 and len(src["sha256"]) == 64
+    import hashlib
+    assert src["sha256"] == hashlib.sha256((ck / "model.safetensors").read_bytes()).hexdigest()
