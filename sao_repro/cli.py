@@ -72,6 +72,7 @@ def settings_main(argv:list[str]|None=None) -> int:
     "Print the settings registry as a table (or YAML with --yaml)."
     import argparse
     from sao_repro.settings import get_setting, list_settings, setting_yaml
+    from sao_repro.dis import DIS_BAND_PRESETS, band_label, dis_band
     p = argparse.ArgumentParser(prog="sao-repro settings", description="List the compared settings.")
     p.add_argument("names", nargs="*", help="settings to show (default: all)")
     p.add_argument("--yaml", action="store_true", help="print each setting as the YAML in configs/settings/")
@@ -83,16 +84,19 @@ def settings_main(argv:list[str]|None=None) -> int:
     if a.yaml:
         print("\n---\n".join(setting_yaml(s) for s in settings))
         return 0
-    print(f"{'setting':<13} {'G':>2} {'critic':<7} {'DIS band':<11} {'advantage':<13} role")
+    print(f"{'setting':<13} {'G':>2} {'critic':<7} {'DIS band':<20} {'advantage':<13} role")
     for s in settings:
-        band = "-" if s.band is None else f"[{s.band[0]:g}, {s.band[1]:g}]"
-        print(f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<11} {s.advantage:<13} {s.role}")
+        band = band_label(s.band, s.dis_preset)
+        print(f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}")
     from dataclasses import fields
     from sao_repro.settings import KNOB_CHECKS, Setting
     print(f"\n{'knob (checked by settings.check_knob)':<38} {'sao':<9} help")
     for f in fields(Setting):
         if f.name in KNOB_CHECKS:
             print(f"{f.name:<38} {str(getattr(get_setting('sao'), f.name)):<9} {f.metadata['help']}")
+    print(f"\n{'dis_band preset (sao_repro.dis.DIS_BAND_PRESETS)':<48} source")
+    for n, pr in DIS_BAND_PRESETS.items():
+        print(f"{band_label(dis_band(n), n):<48} {pr['source']}")
     return 0
 
 # %% ../nbs/90_cli.ipynb #094aa1ed

@@ -12,22 +12,61 @@ import torch
 from .core import check_shape, check_mask, masked_mean
 
 # %% auto #0
-__all__ = ['DIS_CONVENTIONS', 'DIS_LEVELS', 'dis_band', 'log_ratio', 'dis_mask', 'dis_split', 'dis_metrics']
+__all__ = ['DIS_CONVENTIONS', 'DIS_BAND_PRESETS', 'DEFAULT_DIS_PRESET', 'DIS_LEVELS', 'dis_band', 'dis_preset',
+           'band_preset_name', 'band_label', 'log_ratio', 'dis_mask', 'dis_split', 'dis_metrics']
 
 # %% ../nbs/10_dis.ipynb #c35b9421
 DIS_CONVENTIONS = ("absolute", "eps")
 
+DIS_BAND_PRESETS = {  # name -> the two numbers as the source writes them, their convention, and the source
+    "reference": {"lower": 0.3, "upper": 5.0, "convention": "absolute",
+                  "source": "reference implementation (docs/20260725-math-hard-report.md): [0.3, 5.0] on the ratio itself"},
+    "paper-math": {"lower": 0.3, "upper": 5.0, "convention": "eps",
+                   "source": "paper, math / tool-use setting: eps_low 0.3, eps_high 5.0 read as [1 - 0.3, 1 + 5.0] (Lego-RL's port)"},
+    "paper-coding": {"lower": 0.8, "upper": 3.0, "convention": "eps",
+                     "source": "paper, coding-agent setting: eps_low 0.8, eps_high 3.0 read as [1 - 0.8, 1 + 3.0] (Lego-RL's port)"},
+}
+DEFAULT_DIS_PRESET = "reference"
+
 def dis_band(
-    lower:float=0.3, # `absolute`: lowest kept ratio; `eps`: eps_low, the band starts at 1 - lower
-    upper:float=5.0, # `absolute`: highest kept ratio; `eps`: eps_high, the band ends at 1 + upper
-    convention:str="absolute", # how to read the two numbers: "absolute" or "eps"
+    lower:float|str=0.3, # a preset name (`DIS_BAND_PRESETS`), or `absolute`: lowest kept ratio; `eps`: eps_low, the band starts at 1 - lower
+    upper:float=5.0, # `absolute`: highest kept ratio; `eps`: eps_high, the band ends at 1 + upper (ignored with a preset)
+    convention:str="absolute", # how to read the two numbers: "absolute" or "eps" (ignored with a preset)
 ) -> tuple[float, float]:
-    "The DIS band `(lo, hi)` on the importance ratio, validated."
+    "The DIS band `(lo, hi)` on the importance ratio, validated: from a preset name or from two numbers."
+    if isinstance(lower, str):
+        p = DIS_BAND_PRESETS[dis_preset(lower)]
+        lower, upper, convention = p["lower"], p["upper"], p["convention"]
     if convention not in DIS_CONVENTIONS:
         raise ValueError(f"unknown DIS band convention {convention!r}; use one of {', '.join(DIS_CONVENTIONS)}")
-    lo, hi = (float(lower), float(upper)) if convention == "absolute" else (1.0 - lower, 1.0 + upper)
+    lo, hi = (float(lower), float(upper)) if convention == "absolute" else (round(1.0 - lower, 12), round(1.0 + upper, 12))
     _check_band(lo, hi, convention)
     return lo, hi
+
+# %% ../nbs/10_dis.ipynb #b7d1e0a2
+def dis_preset(name, # a preset name, e.g. "paper-math"
+               key:str="dis_band", # the name the user wrote, used in the message
+              ) -> str:
+    "`name` if it is a DIS band preset; otherwise a `ValueError` listing the presets, their bands and sources."
+    if isinstance(name, str) and name in DIS_BAND_PRESETS:
+        return name
+    listing = "; ".join(f"{n} = [{', '.join(f'{x:g}' for x in dis_band(n))}] ({p['source']})" for n, p in DIS_BAND_PRESETS.items())
+    raise ValueError(f"{key}={name!r} is not a DIS band preset; use one of {', '.join(DIS_BAND_PRESETS)}: {listing}")
+
+def band_preset_name(band:tuple[float, float]|None, # a resolved (lo, hi), or None
+                    ) -> str|None:
+    "The preset whose resolved band is `band` (to 1e-9), or None (no DIS, or numbers of no preset)."
+    if band is None:
+        return None
+    return next((n for n in DIS_BAND_PRESETS if all(abs(a - b) <= 1e-9 for a, b in zip(dis_band(n), band))), None)
+
+def band_label(band:tuple[float, float]|None, # a resolved (lo, hi), or None when DIS is off
+               preset:str|None=None, # the preset it came from (default: the preset with these numbers, if any)
+              ) -> str:
+    "How a band is shown in tables: `paper-math [0.7, 6]`, `custom [0.5, 3]`, or `-` without DIS."
+    if band is None:
+        return "-"
+    return f"{preset or band_preset_name(band) or 'custom'} [{band[0]:g}, {band[1]:g}]"
 
 # %% ../nbs/10_dis.ipynb #f54c0ef3
 def _check_band(lo, hi, convention="absolute"):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
 from .core import Registry
-from .dis import dis_band, DIS_CONVENTIONS
+from .dis import dis_band, dis_preset, band_preset_name, DIS_CONVENTIONS
 from .advantages import list_advantages
 
 # %% auto #0
@@ -28,8 +28,9 @@ class Setting:
     critic:bool = field(default=False, metadata={"help": "train a value model and use its values for advantages"})
     critic_k:int = field(default=2, metadata={"help": "critic update passes per training step"})
     warmup_steps:int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
-    dis_band:tuple|None = field(default=None, metadata={"help": "DIS band as two numbers, read by dis_convention; null = no DIS"})
-    dis_convention:str = field(default="absolute", metadata={"help": "how dis_band is read", "choices": DIS_CONVENTIONS})
+    dis_band:tuple|str|None = field(default=None, metadata={"help": "DIS band: a preset name (reference, paper-math, paper-coding; sao_repro.dis.DIS_BAND_PRESETS) or two numbers read by dis_convention; null = no DIS"})
+    dis_convention:str = field(default="absolute", metadata={"help": "how two dis_band numbers are read", "choices": DIS_CONVENTIONS})
+    dis_preset:str|None = field(default=None, metadata={"help": "the preset the band is (filled in from dis_band); null: no DIS, or numbers of no preset"})
     advantage:str = field(default="batch_norm", metadata={"help": "advantage estimator (sao_repro.advantages registry)"})
     policy_lambda:float|str = field(default=1.0, metadata={"help": "GAE lambda for policy advantages, or 'adaptive'"})
     lambda_alpha:float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
@@ -47,14 +48,40 @@ class Setting:
             raise ValueError(f"setting {self.name!r}: grpo needs group_size >= 2; use batch_norm for G = 1")
         if (self.advantage == "gae") != self.critic:
             raise ValueError(f"setting {self.name!r}: the 'gae' advantage and critic=True go together")
-        if self.dis_band is not None:
-            object.__setattr__(self, "dis_band", tuple(float(x) for x in self.dis_band))
-            dis_band(*self.dis_band, convention=self.dis_convention)  # validates
+        self._resolve_band()
         for k in KNOB_CHECKS:
             try:
                 object.__setattr__(self, k, check_knob(k, getattr(self, k)))
             except ValueError as e:
                 raise ValueError(f"setting {self.name!r}: {e}") from None
+
+    def _resolve_band(self):
+        "A preset name becomes its resolved band (absolute) and `dis_preset`; two numbers are validated and named."
+        def bad(msg):
+            raise ValueError(f"setting {self.name!r}: {msg}") from None
+        if isinstance(self.dis_band, str):
+            if self.dis_convention != "absolute":
+                bad(f"dis_band={self.dis_band!r} is a preset, already resolved; drop dis_convention={self.dis_convention!r}")
+            try:
+                name = dis_preset(self.dis_band)
+            except ValueError as e:
+                bad(e)
+            if self.dis_preset not in (None, name):
+                bad(f"dis_band={name!r} but dis_preset={self.dis_preset!r}; give one of them")
+            object.__setattr__(self, "dis_band", dis_band(name))
+            object.__setattr__(self, "dis_preset", name)
+            return
+        if self.dis_band is None:
+            if self.dis_preset is not None:
+                bad(f"dis_preset={self.dis_preset!r} without dis_band; write dis_band: {self.dis_preset}")
+            return
+        object.__setattr__(self, "dis_band", tuple(float(x) for x in self.dis_band))
+        band = dis_band(*self.dis_band, convention=self.dis_convention)  # validates
+        found = band_preset_name(band)
+        if self.dis_preset is not None and self.dis_preset != found:
+            bad(f"dis_preset={self.dis_preset!r} but dis_band {list(self.dis_band)} ({self.dis_convention}) is "
+                f"[{band[0]:g}, {band[1]:g}], " + (f"the {found!r} preset" if found else "no preset's band"))
+        object.__setattr__(self, "dis_preset", found)
 
     @property
     def band(self) -> tuple[float, float]|None:
@@ -148,16 +175,16 @@ def get_setting(name:str) -> Setting:
     return SETTINGS.lookup(name)
 
 # %% ../nbs/15_settings.ipynb #4e33c4bc
-DIS = (0.3, 5.0)
+DIS = (0.3, 5.0)  # the `reference` preset's band (sao_repro.dis.DIS_BAND_PRESETS), which the DIS settings use
 register_setting(Setting("sao", "the method: single rollout, critic with skip-obs GAE, DIS", group_size=1, critic=True,
-                         critic_k=2, warmup_steps=10, dis_band=DIS, advantage="gae", policy_lambda="adaptive"))
+                         critic_k=2, warmup_steps=10, dis_band="reference", advantage="gae", policy_lambda="adaptive"))
 register_setting(Setting("grpo", "common baseline: group-normalized advantage, no off-policy correction",
                          group_size=8, advantage="grpo"))
-register_setting(Setting("grpo_dis", "isolates DIS: GRPO with the DIS band", group_size=8, dis_band=DIS, advantage="grpo"))
+register_setting(Setting("grpo_dis", "isolates DIS: GRPO with the DIS band", group_size=8, dis_band="reference", advantage="grpo"))
 register_setting(Setting("running_mean", "single rollout without critic or DIS: r - running mean baseline",
                          group_size=1, advantage="running_mean"))
 register_setting(Setting("single_dis", "isolates the critic: single rollout with DIS, batch-normalized reward",
-                         group_size=1, dis_band=DIS, advantage="batch_norm"));
+                         group_size=1, dis_band="reference", advantage="batch_norm"));
 
 # %% ../nbs/15_settings.ipynb #0e2076b8
 SETTING_COLORS = {"sao": "#d62728", "grpo": "#1f77b4", "grpo_dis": "#2ca02c", "running_mean": "#9467bd",

@@ -581,3 +581,105 @@ def test_critic_engine_freezes_attention_before_its_optimizer(monkeypatch):
     bad.config, bad.model = eng.config, torch.nn.Sequential(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="modules seen: 0"):
         cls._create_optimizer(bad, None)
+
+
+def test_paper_reading_config_loads_and_matches_its_readings():
+    "phase2_hard_sao_paper.yaml: setting sao with the paper-math band [0.7, 6.0] and frozen attention, strict."
+    cfg = load("phase2_hard_sao_paper.yaml")
+    assert cfg.sao.setting == "sao" and cfg.sao.strict and setting_mismatches(cfg) == []
+    rs = cfg.actor.rejection_sampling
+    assert (rs.level, rs.action, rs.metric, rs.lower, rs.upper) == ("token", "mask", "ratio", 0.7, 6.0)
+    assert (cfg.sao.dis_band, cfg.sao.critic_freeze) == ("paper-math", "attention")
+    e = cfg.sao.effective_setting()
+    assert (e.band, e.dis_preset, e.critic_freeze) == ((0.7, 6.0), "paper-math", "attention")
+    ref = load("phase2_hard_sao.yaml")
+    assert ref.sao.effective_setting().dis_preset == "reference" and cfg.trial_name != ref.trial_name
+    assert cfg.sao.run_dir != ref.sao.run_dir
+    # the band must agree with the named preset, and the preset must be one of the named ones
+    with pytest.raises(ValueError, match="actor.rejection_sampling"):
+        load("phase2_hard_sao_paper.yaml", "actor.rejection_sampling.lower=0.3", "actor.rejection_sampling.upper=5.0")
+    with pytest.raises(ValueError, match="reference, paper-math, paper-coding"):
+        load("phase2_hard_sao_paper.yaml", "sao.dis_band=paper")
+    cfg = load("phase2_hard_sao.yaml", "sao.dis_band=paper-coding", "actor.rejection_sampling.lower=0.2",
+               "actor.rejection_sampling.upper=4.0")
+    assert setting_mismatches(cfg) == [] and cfg.sao.effective_setting().band == (0.2, 4.0)
+    with pytest.raises(ValueError, match="sao.critic_freeze"):
+        load("phase2_hard_grpo_dis.yaml", "+sao.critic_freeze=attention")  # no critic to freeze
+
+
+def _tiny_critic(seed, **kw):
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+    torch.manual_seed(seed)
+    c = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, num_labels=1)
+    return Qwen2ForTokenClassification(Qwen2Config(**{**c, **kw}))
+
+
+def test_critic_engine_warm_starts_from_an_areal_critic_checkpoint(tmp_path):
+    "sao.critic_init: an AReaL critic folder is checked name by name and shape by shape, loaded before freezing, recorded."
+    from areal.utils.save_load import get_state_dict_from_repo_id_or_path
+    from sao_repro.areal.engine import critic_init_source, make_engine_class
+    ck = tmp_path / "critic" / "epoch0epochstep7globalstep7"
+    _tiny_critic(0).save_pretrained(ck)  # what AReaL's critic engine writes (model.save_pretrained, safetensors)
+    class Base:  # AReaL's engine interface, without torch.distributed
+        def __init__(self, config): self.config = config
+        def _load_model_from_hf(self, path):
+            self.model.load_state_dict(get_state_dict_from_repo_id_or_path(path))
+        def _create_optimizer(self, ft_spec):
+            self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2)
+    cls = make_engine_class(Base, "critic", "SAOTestCriticInit")
+    def engine(model, path, freeze="none"):
+        eng = object.__new__(cls)
+        eng.config = SimpleNamespace(sao=SAOSection(setting="sao", critic_init=str(path), critic_freeze=freeze, strict=False))
+        eng.model = model
+        return eng
+    eng = engine(_tiny_critic(1), ck, "attention")
+    cls._create_optimizer(eng, None)
+    saved = _tiny_critic(0).state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in eng.model.state_dict().items())
+    assert not eng.model.model.layers[0].self_attn.q_proj.weight.requires_grad  # frozen after the load
+    src = critic_init_source(str(ck))
+    assert src["path"] == str(ck.resolve()) and src["step"] == 7 and len(src["sha256"]) == 64
+    assert src["files"] == ["model.safetensors"] and src["architecture"] == "Qwen2ForTokenClassification"
+    # a critic of another shape: the error names the parameters that differ, nothing is loaded
+    other = _tiny_critic(2, intermediate_size=48)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match=r"shapes differ .* model\.layers\.0\.mlp\.down_proj\.weight \(here \(16, 48\), there \(16, 32\)\)"):
+        cls._create_optimizer(engine(other, ck), None)
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
+    # across backends: a testbed run folder or checkpoint is refused with the reason; so is a policy checkpoint
+    run = tmp_path / "runs" / "mini" / "sao" / "seed0"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"step": 3, "critic": None}, run / "checkpoints" / "step_3.pt")
+    for p in (run, run / "checkpoints" / "step_3.pt"):
+        with pytest.raises(ValueError, match="testbed .* cannot warm-start an AReaL critic"):
+            cls._create_optimizer(engine(_tiny_critic(1), p), None)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "policy")
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM checkpoint, not a critic"):
+        critic_init_source(str(tmp_path / "policy"))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        critic_init_source(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="sao.critic_init"):  # a setting without a critic has nothing to warm-start
+        load("phase2_hard_grpo.yaml", "sao.critic_init=/somewhere")
+
+
+def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeypatch):
+    "Rank 0's config.json: the effective setting (resolved paper-math band, its preset, frozen attention) and the critic's source."
+    import json
+    import areal.api.cli_args as cli_args
+    from sao_repro.areal import train as T
+    ck = tmp_path / "ck" / "epoch1epochstep3globalstep12"
+    _tiny_critic(0).save_pretrained(ck)
+    run = tmp_path / "run"
+    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}")
+    monkeypatch.setattr(cli_args, "save_config", lambda *a, **k: None)  # AReaL's own copy goes under its fileroot
+    T._start_run(cfg, str(run))
+    c = json.loads((run / "config.json").read_text())
+    spec = c["setting_spec"]
+    assert (spec["dis_band"], spec["dis_preset"], spec["critic_freeze"]) == ([0.7, 6.0], "paper-math", "attention")
+    src = c["critic_source"]
+    assert src["path"] == str(ck.resolve()) and src["step"] == 12 and len(src["sha256"]) == 64
+    import hashlib
+    assert src["sha256"] == hashlib.sha256((ck / "model.safetensors").read_bytes()).hexdigest()

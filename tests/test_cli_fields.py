@@ -23,7 +23,7 @@ FIELDS = [f.name for f in fields(MiniRunConfig)]
 # values the generic rule below cannot pick (no default to step from, or a constrained string)
 OTHER = {"setting": "grpo", "ops": "+-", "out": "elsewhere", "critic_warmup": 5, "critic_k": 3, "critic_width": 32,
          "policy_lambda": 0.9, "sft_noise": 0.2, "debug_nan_step": 2, "adv_whiten": True,
-         "critic_freeze": "attention", "critic_init": "elsewhere/run"}
+         "critic_freeze": "attention", "critic_init": "elsewhere/run", "dis_band": "paper-math"}
 
 
 def flag(name: str) -> str:

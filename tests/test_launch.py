@@ -151,6 +151,17 @@ def test_areal_config_prints_resolved_yaml(setting, capsys):
     assert d["train_dataset"]["batch_size"] * d["gconfig"]["n_samples"] == 512
 
 
+def test_areal_config_prints_the_paper_reading(capsys):
+    "configs/phase2_hard_sao_paper.yaml resolves to setting sao with the paper-math band and frozen attention."
+    import yaml
+    rc = areal_config_main([str(ROOT / "configs" / "phase2_hard_sao_paper.yaml"), "seed=3", "--dotenv", "none"])
+    d = yaml.safe_load(capsys.readouterr().out)
+    assert rc == 0 and d["sao"]["setting"] == "sao" and d["trial_name"] == "sao_paper_s3"
+    assert (d["sao"]["dis_band"], d["sao"]["critic_freeze"]) == ("paper-math", "attention")
+    rs = d["actor"]["rejection_sampling"]
+    assert (rs["lower"], rs["upper"]) == (0.7, 6.0)
+
+
 @pytest.mark.parametrize("setting", list(SETTING_CONFIGS))
 def test_launch_dry_run_prints_every_step_runs_nothing(setting):
     rec, out = Recorder(), io.StringIO()

@@ -295,3 +295,20 @@ def test_critic_init_from_an_earlier_run(tmp_path):
         MT.MiniTrainer(smoke_cfg("sao", tmp_path / "e", critic_width=16, critic_init=str(first)), log=None)
     with pytest.raises(ValueError, match="has no critic"):
         MT.MiniTrainer(smoke_cfg("sao", tmp_path / "f", critic_init=str(train_run(smoke_cfg("grpo", tmp_path / "g", steps=1), log=None))), log=None)
+
+
+# ---------------------------------------------------------------- knobs: DIS band presets
+
+def test_dis_band_preset_reaches_the_loss_and_config_json(tmp_path, monkeypatch):
+    "dis_band=paper-math: the trainer's loss gets [0.7, 6.0]; config.json records the resolved band and the preset."
+    import sao_repro.mini.train as MT
+    seen = []
+    real = MT.policy_loss
+    monkeypatch.setattr(MT, "policy_loss", lambda *a, **kw: seen.append(kw["band"]) or real(*a, **kw))
+    d = train_run(smoke_cfg("single_dis", tmp_path, steps=1, dis_band="paper-math"), log=None)
+    assert seen and set(seen) == {(0.7, 6.0)}
+    conf = json.loads((d / "config.json").read_text())
+    assert conf["dis_band"] == "paper-math"
+    assert (conf["setting_spec"]["dis_band"], conf["setting_spec"]["dis_preset"]) == ([0.7, 6.0], "paper-math")
+    with pytest.raises(ValueError, match="reference, paper-math, paper-coding"):
+        smoke_cfg("single_dis", tmp_path / "x", dis_band="[0.7, 6]")

@@ -182,3 +182,30 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+def test_monitor_page_shows_a_starved_critic_flag(tmp_path):
+    "A synthetic starved-critic run (critic grad norm 7 against its clip 1 from step 3): the page shows the flag, visibly."
+    d = tmp_path / "runs" / "mini" / "sao" / "seed0"
+    d.mkdir(parents=True)
+    rows = [{"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 9)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    healthy = tmp_path / "runs" / "mini" / "sao" / "seed1"
+    healthy.mkdir(parents=True)
+    (healthy / "metrics.jsonl").write_text("".join(json.dumps({**r, "critic/grad_norm": 0.5}) + "\n" for r in rows))
+    srv = serve_in_thread(tmp_path / "runs", port=0, refresh_s=0.5)
+    try:
+        with open_page() as chrome:
+            chrome.goto(srv.url)
+            state = wait_for(chrome, lambda s: len(s["flags"]) == 2, 30, "both runs in the table")
+            assert "critic_starved" in state["flags"]["mini/sao/seed0"].split()
+            assert "critic_starved" not in state["flags"]["mini/sao/seed1"].split()
+            flag = chrome.locator('#runs tr[data-run="mini/sao/seed0"] span.flag-critic_starved')
+            assert flag.is_visible() and flag.inner_text() == "critic_starved"
+            assert flag.get_attribute("title") == "critic_starved since step 5"  # steps 3, 4, 5 over the clip
+            box = flag.bounding_box()
+            assert box and box["width"] > 10 and box["height"] > 5
+            assert chrome.locator('#runs tr[data-run="mini/sao/seed1"] span.flag-critic_starved').count() == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()

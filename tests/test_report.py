@@ -460,3 +460,25 @@ def test_figure_captions_name_the_interval(rendered):
     for fig in ("Figure 1: accuracy per setting", "Figure 2: DIS masked fractions", "Figure 3: critic diagnostics"):
         assert f"{fig}, mean over seeds ({band})" in text, fig
     assert "min–max" not in text
+
+
+def test_design_table_says_the_band_each_setting_used(rendered):
+    "The design table's band column: the preset and band from the runs' config.json (here the registry's reference)."
+    rows = {r["setting"]: r for r in table((rendered / "math_hard_report.html").read_text(), "design-table")}
+    assert rows["sao"]["band"] == "reference [0.3, 5]" and rows["grpo"]["band"] == "-"
+
+
+def test_design_table_band_column_reads_config_json(tmp_path):
+    "Runs of one setting with two bands (paper-math from a preset, reference from numbers) both show, by name."
+    from sao_repro.settings import get_setting
+    for seed, spec in ((0, {"dis_band": [0.7, 6.0], "dis_preset": "paper-math"}), (1, {"dis_band": [0.3, 5.0]})):
+        d = tmp_path / "mini" / "single_dis" / f"seed{seed}"
+        d.mkdir(parents=True)
+        s = get_setting("single_dis").to_dict() | spec
+        s.pop("dis_preset") if "dis_preset" not in spec else None
+        (d / "config.json").write_text(json.dumps({"setting": "single_dis", "seed": seed, "backend": "mini", "setting_spec": s}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "acc": 0.5}) + "\n")
+    _, runs_df = R.load_runs(tmp_path)
+    d = R.design_table(runs_df=runs_df).set_index("setting")
+    assert d.loc["single_dis", "band"] == "paper-math [0.7, 6]; reference [0.3, 5]"
+    assert d.loc["sao", "band"] == "reference [0.3, 5]"  # no runs: the registry's

@@ -15,13 +15,14 @@ import logging
 import os
 import sys
 import warnings
-from dataclasses import dataclass, field, fields, asdict, is_dataclass
+from dataclasses import dataclass, field, fields, asdict, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
-from ..settings import check_knob, get_setting, list_settings
+from ..settings import Setting, check_knob, get_setting, list_settings
+from ..dis import dis_preset
 from ..configfile import check_interpolations, load_yaml_bounded
 from ..runconfig import RewardConfig
 from .algo import areal_actor_keys
@@ -40,6 +41,8 @@ class SAOSection:
     lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
     critic_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte-Carlo returns)"})
     critic_freeze: str = field(default="none", metadata={"help": "critic parameters frozen before its optimizer is built: 'none' or 'attention' (name patterns: sao_repro.critic.FREEZE_PATTERNS)", "choices": ["none", "attention"]})
+    critic_init: str = field(default="", metadata={"help": "warm-start the critic from an AReaL critic checkpoint (a Hugging Face folder the critic engine saved: config.json + *.safetensors); checked name by name and shape by shape, recorded in config.json; empty: from critic.path"})
+    dis_band: str = field(default="", metadata={"help": "DIS band preset the run uses: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS); actor.rejection_sampling must hold that band; empty: the setting's"})
     adv_whiten: bool = field(default=False, metadata={"help": "whiten policy advantages per batch (mean / std over action tokens) after the returns are taken (keep actor.adv_norm null)"})
     running_mean_mode: str = field(default="exact", metadata={"help": "running_mean baseline: 'exact' (sum / count) or 'ema'", "choices": ["exact", "ema"]})
     running_mean_decay: float = field(default=0.99, metadata={"help": "EMA decay of the running_mean baseline"})
@@ -54,8 +57,21 @@ class SAOSection:
             raise ValueError(f"sao.setting={self.setting!r} is not a registered setting; use one of {', '.join(list_settings())}")
         for k in ("critic_k", "warmup_steps", "policy_lambda", "lambda_alpha", "critic_lambda", "adv_whiten", "critic_freeze"):  # the setting's own checks
             check_knob(k, getattr(self, k), f"sao.{k}")
+        if self.dis_band:
+            dis_preset(self.dis_band, "sao.dis_band")
+            if get_setting(self.setting).dis_band is None:
+                raise ValueError(f"sao.dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
+                                 "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)")
         if self.running_mean_mode not in ("exact", "ema"):
             raise ValueError(f"sao.running_mean_mode={self.running_mean_mode!r}: use 'exact' or 'ema'")
+
+    def effective_setting(self) -> Setting:
+        "The registered setting with this section's readings of it applied: the `dis_band` preset and `critic_freeze`."
+        s = get_setting(self.setting)
+        ov = {"critic_freeze": self.critic_freeze} if s.critic else {}
+        if self.dis_band:
+            ov.update(dis_band=self.dis_band, dis_convention="absolute", dis_preset=None)
+        return replace(s, **ov)
 
     @property
     def policy_lambda_value(self) -> float|str:
@@ -134,7 +150,7 @@ def setting_mismatches(
     cfg, # a loaded `SAOConfig`
 ) -> list[str]:
     "Every way `cfg` differs from the registered setting `cfg.sao.setting` (empty: it matches)."
-    s = get_setting(cfg.sao.setting)
+    s = cfg.sao.effective_setting()  # the band preset and critic_freeze are readings of the setting, not deviations
     out = []
     def need(key, have, want):
         if have != want:
@@ -147,7 +163,9 @@ def setting_mismatches(
         need("sao.critic_k", cfg.sao.critic_k, s.critic_k)
         need("sao.warmup_steps", cfg.sao.warmup_steps, s.warmup_steps)
         need("sao.critic_lambda", cfg.sao.critic_lambda, s.critic_lambda)
-        need("sao.critic_freeze", cfg.sao.critic_freeze, s.critic_freeze)
+    if not s.critic:
+        need("sao.critic_freeze", cfg.sao.critic_freeze, "none")
+        need("sao.critic_init", cfg.sao.critic_init, "")
     need("sao.policy_lambda", cfg.sao.policy_lambda_value, s.policy_lambda)
     need("sao.adv_whiten", cfg.sao.adv_whiten, s.adv_whiten)
     if s.policy_lambda == "adaptive":

@@ -93,7 +93,11 @@ def _start_run(cfg, run_dir:str):
     save_config(cfg, StatsLogger.get_log_path(cfg.stats_logger))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
-    d.update(setting=cfg.sao.setting, seed=cfg.seed, backend="areal")
+    d.update(setting=cfg.sao.setting, seed=cfg.seed, backend="areal",
+             setting_spec=cfg.sao.effective_setting().to_dict())  # the resolved band and its preset, as the testbed records
+    if cfg.sao.critic_init:
+        from sao_repro.areal.engine import critic_init_source
+        d["critic_source"] = critic_init_source(cfg.sao.critic_init)
     if os.environ.get("SAO_REHEARSAL"):  # `sao-repro rehearse`: the CPU server's mismatch options and the scheduler
         d["rehearsal"] = json.loads(os.environ["SAO_REHEARSAL"])
     (Path(run_dir) / "config.json").write_text(json.dumps(d, indent=1, default=str))

@@ -13,6 +13,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 from fastcore.basics import patch
 
 from ..checks import check_number
+from ..dis import dis_preset
 from ..loss import POLICY_FORMS
 from ..settings import Setting, check_knob, get_setting, list_settings
 from .model import ModelConfig, PretrainConfig
@@ -55,6 +56,7 @@ class MiniRunConfig:
     critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
     critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's)"})
     critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt (None: from the policy)"})
+    dis_band: str | None = field(default=None, metadata={"help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)"})
     adv_whiten: bool | None = field(default=None, metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"})
     critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
     policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
@@ -90,17 +92,25 @@ class MiniRunConfig:
                            ("adv_whiten", "adv_whiten"), ("critic_freeze", "critic_freeze")):
             if getattr(self, name) is not None:  # None: the setting's value
                 setattr(self, name, check_knob(knob, getattr(self, name), name))
+        if self.dis_band is not None:
+            self.dis_band = dis_preset(self.dis_band, "dis_band")
+            if get_setting(self.setting).dis_band is None:
+                raise ValueError(f"dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
+                                 "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)")
         if self.critic_width is not None and int(self.critic_width) < 1:
             raise ValueError(f"critic_width={self.critic_width} must be >= 1 (or None for the policy's width)")
         if self.critic_width is not None and self.critic_width % self.model().n_heads:
             raise ValueError(f"critic_width={self.critic_width} must be a multiple of n_heads={self.model().n_heads}")
 
     def effective_setting(self) -> Setting:
-        "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda, adv_whiten) applied."
+        "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda, adv_whiten, critic_freeze, dis_band) applied."
         s = get_setting(self.setting)
         ov = {"warmup_steps": self.critic_warmup, "critic_k": self.critic_k, "policy_lambda": self.policy_lambda,
               "adv_whiten": self.adv_whiten, "critic_freeze": self.critic_freeze}
-        return replace(s, **{k: v for k, v in ov.items() if v is not None})
+        ov = {k: v for k, v in ov.items() if v is not None}
+        if self.dis_band is not None:  # a preset: resolved by Setting, which records its name in dis_preset
+            ov.update(dis_band=self.dis_band, dis_convention="absolute", dis_preset=None)
+        return replace(s, **ov)
 
     @classmethod
     def from_dict(cls, d: dict) -> "MiniRunConfig":

@@ -11,6 +11,7 @@ import pandas as pd
 from ..metrics import COLUMNS, collect_metrics, read_config, summarize_runs
 from ..metrics.health import SAO_FLAGS
 from ..settings import get_setting, list_settings
+from ..dis import band_label, band_preset_name, dis_band
 from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
@@ -54,19 +55,36 @@ def _band_text(spec:dict) -> str:
     conv = spec.get("dis_convention", "absolute")
     return f"[{band[0]:g}, {band[1]:g}]" + ("" if conv == "absolute" else f" ({conv})")
 
+def _band_label(spec:dict, config:dict|None=None) -> str:
+    "`preset [lo, hi]` of a setting spec (a run's config.json `setting_spec`, else AReaL's `actor.rejection_sampling`)."
+    if config and not isinstance(config.get("setting_spec"), dict) and isinstance(config.get("actor"), dict):
+        rs = config["actor"].get("rejection_sampling")  # an AReaL config.json written before setting_spec was recorded
+        return band_label(None if not rs else (float(rs["lower"]), float(rs["upper"])))
+    if not spec.get("dis_band"):
+        return "-"
+    band = dis_band(*spec["dis_band"], convention=spec.get("dis_convention", "absolute"))
+    return band_label(band, spec.get("dis_preset") or band_preset_name(band))
+
 def _critic_text(spec:dict) -> str:
     return f"K={spec.get('critic_k', '?')}" if spec.get("critic") else "-"
 
 # %% ../../nbs/70_report.tables.ipynb #87c90bca
 def design_table(settings:list[str]|None=None, # setting names (default: the registry's)
+                 runs_df:pd.DataFrame|None=None, # from `load_runs`: the `band` column then says what the runs used
                 ) -> pd.DataFrame:
-    "Setting, role, what it isolates, G, critic, DIS band and advantage, from the settings registry."
+    """Setting, role, what it isolates, G, critic, DIS band, advantage from the settings registry, and `band`: the DIS
+    band preset each setting's runs used, read from their config.json (`reference [0.3, 5]`, `paper-math [0.7, 6]`,
+    several joined by `; `), or the registry's without runs."""
+    used = {}
+    for r in ([] if runs_df is None else runs_df.itertuples()):
+        c = r.config if isinstance(r.config, dict) else {}
+        used.setdefault(r.setting, set()).add(_band_label(_setting_spec(r.setting, c), c))
     rows = []
     for name in settings or list_settings():
         s = _setting_spec(name)
         rows.append({"setting": name, "role": ROLES.get(name, "-"), "what it isolates": s.get("role", ""),
                      "G": s.get("group_size"), "critic": _critic_text(s), "DIS": _band_text(s),
-                     "advantage": s.get("advantage", "")})
+                     "advantage": s.get("advantage", ""), "band": "; ".join(sorted(used.get(name) or {_band_label(s)}))})
     return pd.DataFrame(rows)
 
 # %% ../../nbs/70_report.tables.ipynb #4576a743
@@ -185,7 +203,7 @@ def _data_line(c:dict) -> str|None:
     return f"synthetic arithmetic ({c.get('difficulty')}-digit, ops '{c.get('ops')}') in the MATH schema"
 
 def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
-    "Paper vs these runs: model, data, scale, DIS band convention, asynchrony."
+    "Paper vs these runs: model, data, scale, DIS band preset, asynchrony."
     cfgs = [c for c in runs_df.config if isinstance(c, dict)]
     backends = ", ".join(sorted(runs_df.backend.unique())) or "-"
     def vals(f):
@@ -194,12 +212,12 @@ def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
                              if m else c.get("model"))((c.get("warm_start") or {}).get("model")))
     data = vals(_data_line)
     steps = "/".join(map(str, sorted(set(int(x) for x in summary.last_step)))) if len(summary) else "-"
-    conv = vals(lambda c: (lambda s: f"{s.get('dis_convention')} {list(s.get('dis_band'))}" if s.get("dis_band") else None)(c.get("setting_spec") or {}))
+    conv = vals(lambda c: (lambda b: None if b == "-" else b)(_band_label(c.get("setting_spec") or {}, c)))
     lag = vals(lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), behaviour noise {c.get('noise')}" if "lag" in c else None)
     rows = [("backend", "AReaL on a GPU cluster", backends), ("model", "Qwen3-4B", model),
             ("data", "MATH, hard split; math-verify reward", data), ("steps", "1000", steps),
             ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(lambda c: c.get("traj_per_step"))),
-            ("DIS band convention", "absolute [0.3, 5.0] (reference implementation)", conv),
+            ("DIS band (preset)", "reference [0.3, 5.0] (reference implementation)", conv),
             ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag)]
     return pd.DataFrame(rows, columns=["", "paper / reference", "these runs"])
 
