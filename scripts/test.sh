@@ -12,4 +12,4 @@ if ! command -v nbdev-test >/dev/null 2>&1; then
   fi
 fi
 nbdev-test --n-workers 2
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"

@@ -168,7 +168,13 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
                     break
             time.sleep(0.5)
         assert run.wait(timeout=60) == 0, run.stderr.read()
-        assert seen and seen[-1] == (60, "finished"), seen[-5:]
+        assert seen and seen[-1][0] == 60, seen[-5:]
+        flags = set(seen[-1][1].split())
+        from sao_repro.metrics.health import SAO_FLAGS
+        assert "finished" in flags and flags - {"finished"} <= set(SAO_FLAGS), flags  # no crash, NaN or OOM flag
+        ms = [json.loads(l) for l in (logs / "mini" / "sao" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        degenerate = any(m.get("critic/returns_std", 1.0) <= 1e-12 for m in ms)  # a batch whose returns were all equal
+        assert ("degenerate_returns" in flags) == degenerate, (flags, degenerate)
         growing = sorted({p for p, f in seen if 0 < p < 60})
         assert growing, f"never saw the run part-way: {seen}"          # the page updated while the run was going
         assert any(f == "" for p, f in seen if p < 60)                   # running, no flag, before it finished

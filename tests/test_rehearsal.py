@@ -159,19 +159,29 @@ def test_dis_masks_exactly_what_areal_masked(rehearsed):
     assert all("dis/masked_frac" not in r for s in ("grpo", "running_mean") for r in rows(run_dir(rehearsed, s)))
 
 
-GAP = "areal/rollout/logp_gap_max"  # max |trainer - engine| log-prob over the batch's generated tokens
+GAP = "areal/rollout/logp_gap_max"  # max |trainer - engine| log-prob over the tokens of the trainer's own version
 BIW = "areal/ppo_actor/update/behave_imp_weight/"
 
 
-def check_engine_agrees(rs, tol=1e-4):
-    "vLLM's log-probs equal the trainer's at every step; each batch comes from versions AReaL records, one newer per step."
+def recomputes(setting):
+    "Does the setting's cluster config recompute the trainer's log-probs (the only way the gap can be measured)?"
+    import yaml
+    return bool(yaml.safe_load((ROOT / "configs" / f"phase2_hard_{setting}.yaml").read_text())["actor"]["recompute_logprob"])
+
+
+def check_engine_agrees(rs, tol=1e-4, measured=True):
+    """vLLM's log-probs equal the trainer's on every token its version generated (older tokens, which AReaL's staleness
+    control lets in, differ by design); each batch comes from versions AReaL records, one newer per step."""
     for r in rs:
-        assert r[GAP] < tol, (r["step"], r[GAP])
-        if BIW + "min" in r:
-            assert 1 - tol < r[BIW + "min"] <= r[BIW + "max"] < 1 + tol, (r["step"], r[BIW + "min"], r[BIW + "max"])
         v = r["areal/rollout/trainer_version"]
         assert v == r["step"] - 1  # the weight version advances every step
         assert 0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # no token from weights AReaL has not made
+        if GAP in r:
+            assert r[GAP] < tol, (r["step"], r[GAP])
+        if BIW + "min" in r and r["areal/rollout/version_min"] == v:  # a batch wholly of the trainer's version
+            assert 1 - tol < r[BIW + "min"] <= r[BIW + "max"] < 1 + tol, (r["step"], r[BIW + "min"], r[BIW + "max"])
+    if measured:  # the check ran: most steps have tokens of the trainer's own version
+        assert sum(GAP in r for r in rs) >= max(1, len(rs) - 1), [sorted(k for k in r if "rollout/" in k) for r in rs]
 
 
 @needs_areal
@@ -179,11 +189,11 @@ def check_engine_agrees(rs, tol=1e-4):
 def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed):
     for s in list_settings():
         rs = rows(run_dir(rehearsed, s))
-        check_engine_agrees(rs)
+        check_engine_agrees(rs, measured=recomputes(s))
         if s in ("grpo_dis", "single_dis"):
             assert all(BIW + "min" in r for r in rs), s  # AReaL's own importance weights, at every step
         # every run's first batch came from version 0, the initial weights the shared server was reset to
-        assert rs[0]["areal/rollout/version_max"] == 0.0 and rs[0][GAP] < 1e-4, s
+        assert rs[0]["areal/rollout/version_max"] == 0.0 and (rs[0][GAP] < 1e-4 if recomputes(s) else GAP not in rs[0]), s
     # pause / continue: a generation a weight update aborted was resubmitted and finished on the new weights
     assert any(r["areal/rollout/resubmitted_frac"] > 0 for s in list_settings() for r in rows(run_dir(rehearsed, s)))
     log = (rehearsed / "areal" / "vllm_server.log").read_text()

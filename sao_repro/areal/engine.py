@@ -115,13 +115,23 @@ def logp_gap_stats(
     prox_logp:torch.Tensor, # (B, T) the trainer's log-prob of token t+1 at position t
     logprobs:torch.Tensor, # (B, T) the engine's (behaviour) log-prob of token t, as AReaL stores it
     loss_mask:torch.Tensor, # (B, T) 1 on generated tokens (unshifted, as AReaL stores it)
+    versions:torch.Tensor|None=None, # (B, T) the weight version of token t (unshifted); None: every token counts as current
+    current:int|None=None, # the trainer's weight version
 ) -> dict:
-    "rollout/logp_gap_max and _mean: |trainer - engine| log-prob over generated tokens (0 when the engine's weights are the trainer's)."
+    """rollout/logp_gap_max and _mean: |trainer - engine| log-prob over the generated tokens of the trainer's version
+    (0 when the engine served the weights it said it had); rollout/logp_gap_old_max over tokens of older versions and
+    rollout/current_frac, the share of generated tokens of the trainer's version."""
     mask = torch.roll(loss_mask, shifts=-1, dims=-1).bool()
-    gap = (prox_logp.float() - torch.roll(logprobs.float(), shifts=-1, dims=-1)).abs()[mask]
-    if gap.numel() == 0:
-        return {}
-    return {"rollout/logp_gap_max": float(gap.max()), "rollout/logp_gap_mean": float(gap.mean())}
+    gap = (prox_logp.float() - torch.roll(logprobs.float(), shifts=-1, dims=-1)).abs()
+    cur = mask if versions is None else mask & (torch.roll(versions, shifts=-1, dims=-1) == current)
+    out = {}
+    if cur.any():
+        out.update({"rollout/logp_gap_max": float(gap[cur].max()), "rollout/logp_gap_mean": float(gap[cur].mean())})
+    if versions is not None and mask.any():
+        out["rollout/current_frac"] = float(cur.sum() / mask.sum())
+        if (mask & ~cur).any():
+            out["rollout/logp_gap_old_max"] = float(gap[mask & ~cur].max())
+    return out
 
 # %% ../../nbs/38_areal.engine.ipynb #6e68d697
 @patch
@@ -130,7 +140,8 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
     if data.get("versions") is not None:  # which weights generated the batch, against the trainer's version
         stats_tracker.scalar(**version_stats(data["versions"], int(self.engine.get_version())))
     if data.get("prox_logp") is not None:  # the engine's log-probs against the trainer's, token by token
-        stats_tracker.scalar(**logp_gap_stats(data["prox_logp"], data["logprobs"], data["loss_mask"]))
+        stats_tracker.scalar(**logp_gap_stats(data["prox_logp"], data["logprobs"], data["loss_mask"],
+                                              data.get("versions"), int(self.engine.get_version())))
     data, rewards, kl_rewards = _shaped_rewards(self, data)
     values = data["values"] if "values" in data else torch.zeros_like(rewards)
     adv, ret = skip_obs_advantages(rewards, values, data["loss_mask"], self.discount, self.sao.policy_lambda_value,
