@@ -15,7 +15,7 @@ TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: install study test chromium bench vllm-env
+.PHONY: install study test chromium bench vllm-env lab
 
 $(BIN)/sao-repro: pyproject.toml scripts/install_dev.sh
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ install: $(BIN)/sao-repro
 
 study: install
 	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS) $(STUDY)
+
+# JupyterLab on 127.0.0.1 (fresh token) at experiments/explore_run.ipynb; e.g. LAB_ARGS='--run runs/mini/grpo/seed0 --no-browser'
+LAB_ARGS ?=
+lab: install
+	$(BIN)/sao-repro lab $(LAB_ARGS)
 
 chromium:
 	bash scripts/need_chromium.sh
