@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 INSTALL_KEY := $(shell cat pyproject.toml scripts/install_dev.sh scripts/areal_cpu_requirements.txt 2>/dev/null | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 
-.PHONY: install study test chromium bench vllm-env
+.PHONY: install study test chromium bench vllm-env lab
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ install: $(STAMP)
 
 study: install
 	$(BIN)/sao-repro compare --seeds $(SEEDS) --out $(OUT) --jobs $(JOBS) $(STUDY)
+
+# JupyterLab on 127.0.0.1 (fresh token) at experiments/explore_run.ipynb; e.g. LAB_ARGS='--run runs/mini/grpo/seed0 --no-browser'
+LAB_ARGS ?=
+lab: install
+	$(BIN)/sao-repro lab $(LAB_ARGS)
 
 chromium:
 	bash scripts/need_chromium.sh

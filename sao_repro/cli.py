@@ -6,12 +6,23 @@ Docs: https://sao-repro.github.io/sao-repro/cli.html.md"""
 
 # %% ../nbs/90_cli.ipynb #e782f69e
 from __future__ import annotations
+import contextlib
 import importlib
+import json
 import os
+import secrets
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from .checks import check_port, port_arg
 
 # %% auto #0
-__all__ = ['COMMANDS', 'main', 'settings_main']
+__all__ = ['COMMANDS', 'LAB_FIRST', 'RUN_DIR_ENV', 'main', 'settings_main', 'lab_argv', 'Lab', 'start_lab', 'lab_main']
 
 # %% ../nbs/90_cli.ipynb #05599bee
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
     "docs": ("sao_repro.report.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
+    "lab": ("sao_repro.cli:lab_main", "start JupyterLab on 127.0.0.1 (token) at experiments/explore_run.ipynb"),
 }
 
 # %% ../nbs/90_cli.ipynb #93d7f8c7
@@ -98,6 +110,151 @@ def settings_main(argv:list[str]|None=None) -> int:
     for n, pr in DIS_BAND_PRESETS.items():
         print(f"{band_label(dis_band(n), n):<48} {pr['source']}")
     return 0
+
+# %% ../nbs/90_cli.ipynb #c483544d
+LAB_FIRST = "experiments/explore_run.ipynb"  # what a newcomer opens first
+RUN_DIR_ENV = "SAO_RUN_DIR"  # the run folder experiments/explore_run.ipynb reads when it is set
+
+def lab_argv(root, # the server's root folder (the repository)
+             port:int, # port on 127.0.0.1 (not 0: pick one first)
+             token:str, # the access token
+             open_path:str=LAB_FIRST, # notebook to open, relative to `root`
+             browser:bool=False, # open it in the default web browser
+            ) -> list[str]:
+    "The `python -m jupyterlab` command: loopback only, one port (no retry on another), no news or update look-ups."
+    return [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={int(port)}",
+            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+            f"--LabApp.default_url=/lab/tree/{open_path}", f"--ServerApp.open_browser={bool(browser)}",
+            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            *(["--allow-root"] if os.name == "posix" and os.geteuid() == 0 else [])]  # e.g. in a container: loopback + token
+
+# %% ../nbs/90_cli.ipynb #0eb5e3f6
+def _children(pid:int) -> list[int]:
+    "Processes whose parent is `pid` (its kernels), from /proc; [] where there is no /proc."
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+@dataclass
+class Lab:
+    "A running JupyterLab server started by `start_lab`."
+    proc: subprocess.Popen
+    base: str  # http://127.0.0.1:<port>
+    token: str
+    open_path: str
+    log: Path
+
+    @property
+    def url(self) -> str:
+        "The link to open: the first notebook, with the token."
+        return f"{self.base}/lab/tree/{self.open_path}?token={self.token}"
+
+    def api(self, path:str, method:str="GET", timeout:float=10):
+        "JSON from the server's REST API (`/api/...`), authenticated with the token."
+        import urllib.request
+        req = urllib.request.Request(f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def stop(self, timeout:float=20) -> int:
+        "Shut the server and its kernels down (the API's shutdown, else SIGTERM, else SIGKILL); its exit code."
+        kids = _children(self.proc.pid)
+        if self.proc.poll() is None:
+            try:
+                self.api("/api/shutdown", "POST", timeout=timeout)
+            except Exception:  # not up, or already going: signals below
+                pass
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    self.proc.wait(timeout)
+                    break
+                except subprocess.TimeoutExpired:
+                    self.proc.send_signal(sig)
+            self.proc.wait(timeout)
+        for pid in kids + _children(self.proc.pid):  # a kernel left behind by a server that did not clean up
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.stop()
+
+# %% ../nbs/90_cli.ipynb #3d58f4b6
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def start_lab(root=None, # the server's root (default: the repository, `runconfig.repo_dir`)
+              port:int=0, # port on 127.0.0.1; 0 picks a free one
+              token:str|None=None, # access token (default: a fresh random one)
+              open_path:str=LAB_FIRST, # notebook to open, relative to `root`
+              run_dir=None, # run folder the first notebook reads (sets SAO_RUN_DIR for the kernels)
+              browser:bool=False, # open the notebook in the default web browser
+              timeout:float=120, # seconds to wait for the server to answer
+              log_file=None, # the server's output (default: a temporary file)
+             ) -> Lab:
+    "Start JupyterLab and wait until it answers; a `Lab` (stop it with `.stop()` or `with`)."
+    from sao_repro.runconfig import repo_dir
+    root = Path(root or repo_dir()).resolve()
+    if not (root / open_path).is_file():
+        raise FileNotFoundError(f"{root / open_path} not found: give the repository root (a clone of sao-repro)")
+    port = check_port(port) or _free_port()
+    token = token or secrets.token_hex(24)
+    env = dict(os.environ)
+    if run_dir is not None:
+        env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
+    log = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="sao_lab_", suffix=".log")[1])
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(lab_argv(root, port, token, open_path, browser), cwd=root, env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lab = Lab(proc, f"http://127.0.0.1:{port}", token, open_path, log)
+    t0 = time.monotonic()
+    while True:
+        try:
+            lab.api("/api/status", timeout=5)
+            return lab
+        except Exception:
+            pass
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            lab.stop()
+            tail = log.read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"JupyterLab did not start on port {port} (exit code {proc.returncode}); its log {log}:\n{tail}")
+        time.sleep(0.5)
+
+# %% ../nbs/90_cli.ipynb #d3894ffc
+def lab_main(argv:list[str]|None=None) -> int:
+    "`sao-repro lab`: start JupyterLab at the first notebook and print its link; Ctrl-C stops it."
+    import argparse
+    p = argparse.ArgumentParser(prog="sao-repro lab", description=(
+        "Start JupyterLab on 127.0.0.1 with a fresh random token, rooted at the repository, opening "
+        f"{LAB_FIRST}: the notebook to open first (DIS ratios and advantages of one run folder). The library "
+        "notebooks are in nbs/, the report notebook in report/. Ctrl-C stops the server and its kernels."))
+    p.add_argument("--port", type=port_arg, default=8888, help="port on 127.0.0.1 (default 8888; 0 picks a free port)")
+    p.add_argument("--no-browser", action="store_true", help="only print the link (e.g. on a remote machine, through an ssh tunnel)")
+    p.add_argument("--run", default=None, metavar="DIR", help=f"run folder {LAB_FIRST} reads (default: its own, ../runs/mini/sao/seed0)")
+    p.add_argument("--open", default=LAB_FIRST, metavar="NOTEBOOK", help=f"notebook to open, relative to the root (default {LAB_FIRST})")
+    p.add_argument("--root", default=None, help="server root (default: the repository holding this package)")
+    a = p.parse_args(argv)
+    if a.run is not None and not Path(a.run).is_dir():
+        p.error(f"--run {a.run}: no such folder")
+    try:
+        lab = start_lab(a.root, a.port, open_path=a.open, run_dir=a.run, browser=not a.no_browser)
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"sao-repro lab: {e}", file=sys.stderr)
+        return 1
+    print(f"JupyterLab: {lab.url}\n(server log {lab.log}; Ctrl-C stops it)", flush=True)
+    try:
+        return lab.proc.wait() or 0
+    except KeyboardInterrupt:
+        lab.stop()
+        return 0
 
 # %% ../nbs/90_cli.ipynb #094aa1ed
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal.rehearse.html.md"""
 # %% auto #0
 __all__ = ['OVERLAY', 'SCHEDULERS', 'ENGINES', 'ENGINE_DTYPES', 'STAND_IN_ENGINE', 'AREAL_CPU_DEPS', 'STEP_RE', 'PHASES',
            'missing_deps', 'RehearsalRun', 'overlay_trajectories', 'plan', 'RehearsalError', 'check_run_dir',
-           'wait_healthy', 'run_one', 'VLLMServer', 'ensure_ray', 'rehearse_parser', 'rehearse_main', 'phase_seconds',
+           'wait_healthy', 'VLLMServer', 'run_one', 'ensure_ray', 'rehearse_parser', 'rehearse_main', 'phase_seconds',
            'bench_rehearsal', 'bench_rehearsal_main', 'engine_agreement']
 
 # %% ../../nbs/44_areal.rehearse.ipynb #4d81ede2
@@ -144,6 +144,81 @@ def wait_healthy(url:str, proc:subprocess.Popen, timeout_s:float=120.0, log:Path
             time.sleep(0.2)
     raise RehearsalError(f"{name} at {url} did not answer /health within {timeout_s:.0f} s (log: {log})")
 
+# %% ../../nbs/44_areal.rehearse.ipynb #a9e1c002
+class VLLMServer:
+    "AReaL's vLLM server from .venv-vllm for spmd rehearsals: start, health, reset to a run's initial weights, stop."
+    def __init__(self, log:Path, port:int|None=None, timeout_s:float=600.0):
+        self.log, self.port, self.timeout_s, self.proc = Path(log), port or _free_port(), timeout_s, None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start_s = None  # seconds from start to healthy
+
+    def start(self, run:RehearsalRun) -> "VLLMServer":
+        "Start the server for `run`'s composed config (not waiting: the trainer imports meanwhile)."
+        from .vllm_server import MODULE, launch, server_env, server_python
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [str(server_python()), "-m", MODULE, "from-config", "--config", str(setting_config(run.setting)),
+               "--overlay", str(repo_dir() / "configs" / OVERLAY), "--host", "127.0.0.1", "--port", str(self.port), *run.overrides]
+        with open(self.log, "ab") as f:
+            f.write(f"\n== sao-repro rehearse: starting the vLLM server on port {self.port} at {time.ctime()}\n".encode())
+        self._t0 = time.time()
+        self.proc = launch(cmd, log=self.log, env=server_env({**os.environ, **run.env}))
+        with open(self.log, "ab") as f:  # its process group: what `stop` ends (engine and worker included)
+            f.write(f"== sao-repro rehearse: vLLM server pid {self.proc.pid} (its process group)\n".encode())
+        return self
+
+    def wait(self):
+        "Block until healthy (bounded by `timeout_s`) and make sure the process answering is ours."
+        if self.start_s is not None:
+            return
+        try:
+            wait_healthy(self.url, self.proc, self.timeout_s, self.log, name="the vLLM server")
+        except RehearsalError:
+            self.stop()
+            raise
+        if not self._owns_port():
+            self.stop()
+            raise RehearsalError(f"port {self.port} is answered by a process this rehearsal did not start; "
+                                 f"leave --port out for a free one (log: {self.log})")
+        self.start_s = time.time() - self._t0
+
+    def _owns_port(self) -> bool:
+        import psutil
+        try:
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            return any(c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
+                       for p in procs for c in p.net_connections(kind="tcp"))
+        except psutil.Error:
+            return False
+
+    def check(self, during:str=""):
+        "RehearsalError naming the log if the server is gone."
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RehearsalError(f"the vLLM server exited with code {self.proc.returncode}{during}; see its log {self.log}")
+
+    def reset(self, model_path:str|Path) -> float:
+        "Load `model_path` into the server (AReaL's /areal_update_weights); returns the seconds it took."
+        self.wait()
+        t0 = time.time()
+        req = urllib.request.Request(self.url + "/areal_update_weights", data=json.dumps({"model_path": str(model_path)}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                ok = json.loads(r.read()).get("success")
+        except OSError as e:
+            ok = e
+        if ok is not True:
+            self.check(" while loading the initial weights")
+            raise RehearsalError(f"the vLLM server did not load {model_path} ({ok}); see its log {self.log}")
+        return time.time() - t0
+
+    def rss_mb(self) -> float:
+        return _rss_mb(self.proc) if self.proc is not None else 0.0
+
+    def stop(self):
+        _stop(self.proc)
+        if self.proc is not None:
+            _kill_group(self.proc)
+
 # %% ../../nbs/44_areal.rehearse.ipynb #83ef1239
 STEP_RE = re.compile(rb"Train step (\d+)/\d+ done")
 
@@ -262,81 +337,6 @@ def _steps_logged(run_dir:Path) -> int:
         except (ValueError, KeyError, TypeError):
             pass
     return len(steps)
-
-# %% ../../nbs/44_areal.rehearse.ipynb #a9e1c002
-class VLLMServer:
-    "AReaL's vLLM server from .venv-vllm for spmd rehearsals: start, health, reset to a run's initial weights, stop."
-    def __init__(self, log:Path, port:int|None=None, timeout_s:float=600.0):
-        self.log, self.port, self.timeout_s, self.proc = Path(log), port or _free_port(), timeout_s, None
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.start_s = None  # seconds from start to healthy
-
-    def start(self, run:RehearsalRun) -> "VLLMServer":
-        "Start the server for `run`'s composed config (not waiting: the trainer imports meanwhile)."
-        from .vllm_server import MODULE, launch, server_env, server_python
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [str(server_python()), "-m", MODULE, "from-config", "--config", str(setting_config(run.setting)),
-               "--overlay", str(repo_dir() / "configs" / OVERLAY), "--host", "127.0.0.1", "--port", str(self.port), *run.overrides]
-        with open(self.log, "ab") as f:
-            f.write(f"\n== sao-repro rehearse: starting the vLLM server on port {self.port} at {time.ctime()}\n".encode())
-        self._t0 = time.time()
-        self.proc = launch(cmd, log=self.log, env=server_env({**os.environ, **run.env}))
-        with open(self.log, "ab") as f:  # its process group: what `stop` ends (engine and worker included)
-            f.write(f"== sao-repro rehearse: vLLM server pid {self.proc.pid} (its process group)\n".encode())
-        return self
-
-    def wait(self):
-        "Block until healthy (bounded by `timeout_s`) and make sure the process answering is ours."
-        if self.start_s is not None:
-            return
-        try:
-            wait_healthy(self.url, self.proc, self.timeout_s, self.log, name="the vLLM server")
-        except RehearsalError:
-            self.stop()
-            raise
-        if not self._owns_port():
-            self.stop()
-            raise RehearsalError(f"port {self.port} is answered by a process this rehearsal did not start; "
-                                 f"leave --port out for a free one (log: {self.log})")
-        self.start_s = time.time() - self._t0
-
-    def _owns_port(self) -> bool:
-        import psutil
-        try:
-            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-            return any(c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
-                       for p in procs for c in p.net_connections(kind="tcp"))
-        except psutil.Error:
-            return False
-
-    def check(self, during:str=""):
-        "RehearsalError naming the log if the server is gone."
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RehearsalError(f"the vLLM server exited with code {self.proc.returncode}{during}; see its log {self.log}")
-
-    def reset(self, model_path:str|Path) -> float:
-        "Load `model_path` into the server (AReaL's /areal_update_weights); returns the seconds it took."
-        self.wait()
-        t0 = time.time()
-        req = urllib.request.Request(self.url + "/areal_update_weights", data=json.dumps({"model_path": str(model_path)}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                ok = json.loads(r.read()).get("success")
-        except OSError as e:
-            ok = e
-        if ok is not True:
-            self.check(" while loading the initial weights")
-            raise RehearsalError(f"the vLLM server did not load {model_path} ({ok}); see its log {self.log}")
-        return time.time() - t0
-
-    def rss_mb(self) -> float:
-        return _rss_mb(self.proc) if self.proc is not None else 0.0
-
-    def stop(self):
-        _stop(self.proc)
-        if self.proc is not None:
-            _kill_group(self.proc)
 
 # %% ../../nbs/44_areal.rehearse.ipynb #d2a0d5ba
 def ensure_ray() -> bool:

@@ -17,14 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 import yaml
-from .render import REPORT_NAME, REPORT_NB, notebook_to_html
+from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
 from .layout import doc_sections
 
 # %% auto #0
-__all__ = ['CURRENT', 'MATH_RE', 'CODE_RE', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site', 'quarto_config',
-           'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'process_docs', 'tidy_doc_nb',
-           'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'build_docs', 'readme_markdown',
-           'run_index', 'write_readme', 'readme_problems', 'docs_main']
+__all__ = ['CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site',
+           'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'process_docs',
+           'tidy_doc_nb', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs',
+           'readme_markdown', 'run_index', 'write_readme', 'readme_problems', 'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
 def doc_notebooks(root=".") -> list[Path]:
@@ -160,15 +160,24 @@ def tidy_doc_nb(nb):
 
 # %% ../../nbs/75_report.docs.ipynb #13449576
 CURRENT = ' aria-current="page"'
+# the navigation as a sidebar on screens wide enough (a fixed column on the left, scrolling on its own); on a
+# narrow screen it stays above the page, and it is left out of print
+SIDEBAR_CSS = """@media screen and (min-width: 960px) {
+  body { margin-left: 19em !important; }
+  .sao-nav { position: fixed; top: 0; left: 0; bottom: 0; width: 16em; overflow-y: auto; box-sizing: border-box;
+             padding: 1em .8em; border-bottom: none; border-right: 1px solid #ddd; background: #fafafa; margin: 0; }
+  .sao-nav details { display: block; margin: 0 0 .5em 0; }
+}
+@media print { .sao-nav { display: none; } }"""
 
 def _nav(sections:list[tuple[str, list[tuple[str, str]]]], here:str) -> str:
-    "Navigation: a collapsed group per section (the current page's open); `sections` are (name, [(title, href)])."
+    "The sidebar: a collapsed group per section (the current page's open); `sections` are (name, [(title, href)])."
     parts = []
     for sec, links in sections:
         items = "".join(f'<li><a href="{h}"{CURRENT if h == here else ""}>{html.escape(t)}</a></li>' for t, h in links)
         opened = " open" if any(h == here for _, h in links) else ""
         parts.append(f"<details{opened}><summary>{html.escape(sec)}</summary><ul>{items}</ul></details>")
-    return '<nav class="sao-nav">' + "".join(parts) + "</nav>"
+    return f'<style>{SIDEBAR_CSS}</style><nav class="sao-nav">' + "".join(parts) + "</nav>"
 
 def _html_links(nb, names:set[str]):
     "Links to sibling notebooks (`x.ipynb`, as GitHub wants them) pointed at their pages (`x.html`), in place."
@@ -210,32 +219,59 @@ def latex_to_mathml(snippets:list[tuple[str, bool]]) -> list[str]:
     if r.returncode:
         raise DocsError(f"pandoc failed on the maths: {r.stderr.strip()[-400:]}")
     out = [m.group(1) for m in re.finditer(r"<p>(.*?)</p>", r.stdout, flags=re.S)]
-    if len(out) != len(snippets) or not all("<math" in o for o in out):
+    if len(out) != len(snippets):
         raise DocsError(f"pandoc gave {len(out)} formulas for {len(snippets)}")
+    bad = [f"${t}$" for (t, _), o in zip(snippets, out) if "<math" not in o]
+    if bad:  # pandoc leaves what it cannot read as LaTeX: the page would show it raw
+        raise DocsError(f"pandoc cannot read the maths {', '.join(bad[:5])}: write it in LaTeX that pandoc (texmath) reads")
     return [" ".join(o.split()) for o in out]
 
-def mathml_markdown(md:str) -> str:
-    "Markdown with its `$...$` / `$$...$$` maths (outside code) replaced by MathML."
+import secrets
+SLOT_TAG = "SAOMATH" + secrets.token_hex(6).upper()  # placeholders: plain words markdown leaves alone, unlike any page text
+
+def mathml_markdown(md:str, slots:dict|None=None) -> str:
+    "Markdown with its `$...$` / `$$...$$` maths (outside code) as MathML; with `slots`, inline maths as placeholders."
     parts = CODE_RE.split(md)  # odd items: code, left alone
     found = [(m.group(1) or m.group(2), m.group(1) is not None) for i, t in enumerate(parts) if i % 2 == 0
              for m in MATH_RE.finditer(t)]
     if not found:
         return md
     it = iter(latex_to_mathml(found))
+    def inline(mathml):
+        if slots is None:
+            return mathml
+        key = f"{SLOT_TAG}X{len(slots):05d}Z"
+        slots[key] = mathml
+        return key
     for i in range(0, len(parts), 2):
         parts[i] = MATH_RE.sub(lambda m: (f"\n\n<div class=\"math-display\">{next(it)}</div>\n\n" if m.group(1) is not None
-                                          else next(it)), parts[i])
+                                          else inline(next(it))), parts[i])
     return "".join(parts)
 
-def mathml_nb(nb):
-    "Every markdown cell's (and markdown output's) maths as MathML, in place."
+def mathml_nb(nb, slots:dict|None=None):
+    "Every markdown cell's (and markdown output's) maths as MathML, in place (inline maths into `slots`, if given)."
     for c in nb.cells:
         if c.cell_type == "markdown":
-            c.source = mathml_markdown(c.source)
+            c.source = mathml_markdown(c.source, slots)
         for o in c.get("outputs", []):
             if "text/markdown" in o.get("data", {}):
-                o["data"]["text/markdown"] = mathml_markdown(o["data"]["text/markdown"])
+                o["data"]["text/markdown"] = mathml_markdown(o["data"]["text/markdown"], slots)
     return nb
+
+def fill_maths(page:Path, slots:dict) -> Path:
+    "Put the inline MathML of `slots` into a written page, where nbconvert kept their placeholders."
+    slot_re = re.compile(SLOT_TAG + r"X\d{5}Z")
+    text = page.read_text(encoding="utf-8")
+    missing = [k for k in slots if k not in text]
+    if missing:
+        raise DocsError(f"{page.name}: {len(missing)} inline formulas lost by nbconvert ({missing[:3]})")
+    # in a tag's attributes (a heading's anchor) or the <title>, a formula is left out
+    text = re.sub(r"<title>.*?</title>|<[^<>]*>", lambda m: slot_re.sub("", m.group(0)), text, flags=re.S)
+    for key, mathml in slots.items():
+        text = text.replace(key, mathml)
+    page.write_text(text, encoding="utf-8")
+    return page
+
 
 # %% ../../nbs/75_report.docs.ipynb #f1e80fd4
 def build_docs(root=".", # repository root (holds nbs/ and report/)
@@ -267,8 +303,13 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     names = {Path(n).stem for _, n in docs}
     written = []
     for nb, name in docs:
-        nbformat.write(mathml_nb(_html_links(nb, names)), str(work/"page.ipynb"))
-        written.append(notebook_to_html(work/"page.ipynb", out/name, exclude_input=False, nav=_nav(sections, name)))
+        slots = {}  # inline MathML goes in after nbconvert, which would split its tags apart
+        nbformat.write(mathml_nb(_html_links(nb, names), slots), str(work/"page.ipynb"))
+        page = fill_maths(notebook_to_html(work/"page.ipynb", out/name, exclude_input=False, nav=_nav(sections, name)), slots)
+        bad = offline_violations(page.read_text(encoding="utf-8"))
+        if bad:
+            raise DocsError(f"{page}: HTML would load from the network: {bad[:3]}")
+        written.append(page)
     nav = _nav(sections, f"{REPORT_NAME}.html")
     if report_html.exists():
         page = report_html.read_text(encoding="utf-8")
