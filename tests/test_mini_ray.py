@@ -109,3 +109,69 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     assert worker_id in nodes and len(nodes) == 2
     res, ref = (json.loads((tmp_path / x / "sweeps" / "two" / "results.json").read_text()) for x in ("ray", "local"))
     assert res["points"] == ref["points"]
+
+
+def _marked(mark):
+    "Pids of live processes whose environment carries `mark` (every process a command started inherits it)."
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark.encode() in (p / "environ").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
+    "SIGINT to `sao-repro sweep --ray local` (its process group, as a terminal's Ctrl-C): exit 130, no Ray process left, rerun finishes."
+    import os
+    import signal
+    import subprocess
+    import sys
+    pytest.importorskip("ray")
+    sweep = {"name": "cc", "settings": ["single_dis", "running_mean"], "seeds": 2, "steps": 6, "window": 2,
+             "base": {**SMOKE, "eval_every": 2, "ckpt_every": 2}}
+    cfg = tmp_path / "cc.yaml"
+    cfg.write_text(yaml.safe_dump(sweep))
+    root = tmp_path / "out" / "sweeps" / "cc" / "base" / "mini"
+    run_setting("single_dis", 0, 2, out_dir=str(root.parent), overrides=sweep["base"], log=None)  # a partial run
+    assert run_state(root / "single_dis" / "seed0", 6) == "partial"
+    mark = f"sao-test-{os.getpid()}-{time.time()}"
+    env = {**os.environ, "SAO_CTRL_C_TEST": mark, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 400 and p.poll() is None and not list(root.glob(f"*/seed*/{ATTEMPTS_FILE}")):
+            time.sleep(0.5)
+        time.sleep(2)  # the next runs are in flight
+        assert p.poll() is None
+        os.killpg(p.pid, signal.SIGINT)
+        t1 = time.time()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "interrupted" in err and "run the same command again" in err
+    assert time.time() - t1 < 60
+    t0 = time.time()
+    while _marked(mark) and time.time() - t0 < 30:
+        time.sleep(1)
+    assert _marked(mark) == []  # the Ray instance, its workers and the run kernels are gone
+    done = {d for d in root.glob("*/seed*") if run_state(d, 6) == "done"}
+    assert 1 <= len(done) < 4
+    before = {d: read_metrics(d) for d in done}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{len(done)} finished (skipped)" in r.stdout
+    for s in sweep["settings"]:
+        for k in range(2):
+            d = root / s / f"seed{k}"
+            assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4, 5, 6]  # each step once
+            assert events(d).count("finish") == (2 if (s, k) == ("single_dis", 0) else 1)
+            if d in done:
+                assert read_metrics(d) == before[d]  # skipped, not run again
+    assert "resume" in events(root / "single_dis" / "seed0")
+    assert _marked(mark) == []
