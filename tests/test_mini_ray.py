@@ -1,7 +1,6 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ import pytest
 import yaml
 
 from sao_repro.mini.cli import find_run_notebook, make_config, run_params, run_setting
-from sao_repro.mini.cluster import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.cluster import ATTEMPTS_FILE, free_ports, pack_dir, run_task, start_blobs, unpack_into
 from sao_repro.mini.runfolder import run_state
 from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import read_metrics
@@ -19,24 +18,15 @@ from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an 
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
 
 
-def free_ports() -> dict:
-    "Agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine."
-    out = {}
-    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out[name] = s.getsockname()[1]
-    return out
-
-
-def start_cluster(Cluster, tries=3):
-    "A head and a worker node of 1 CPU each, with their own resources (a start that times out on a loaded machine is retried)."
+def start_cluster(Cluster, temp_root, tries=3):
+    "A head and a worker node of 1 CPU each, with their own resources and temp folders (a start that times out is retried)."
     for i in range(tries):
         cluster = None
         try:
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1},
-                                                                    "include_dashboard": False, **free_ports()})
-            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, **free_ports())
+                                                                    "include_dashboard": False, "temp_dir": f"{temp_root}/head",
+                                                                    **free_ports()})
+            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, temp_dir=f"{temp_root}/worker", **free_ports())
             cluster.wait_for_nodes()
             return cluster, worker
         except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
@@ -78,7 +68,12 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     cfg = tmp_path / "two.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
-    cluster, worker = start_cluster(Cluster)
+    import tempfile
+    temp_root = tempfile.mkdtemp(prefix="sao-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    cluster, worker = start_cluster(Cluster, temp_root)
+    sessions = {n: Path(n.get_session_dir_path()) for n in (cluster.head_node, worker)}
+    assert sessions[cluster.head_node].parent == Path(temp_root) / "head" and sessions[worker].parent == Path(temp_root) / "worker"
+    assert all(d.is_dir() and (d / "logs").is_dir() for d in sessions.values())  # each node keeps its session in its own folder
     root = tmp_path / "ray" / "sweeps" / "two" / "base" / "mini"
     rc = {}
     th = threading.Thread(target=lambda: rc.setdefault("rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"),
@@ -95,6 +90,8 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+        import shutil
+        shutil.rmtree(temp_root, ignore_errors=True)
     assert rc.get("rc") == 0
     nodes = set()
     for s in sweep["settings"]:
