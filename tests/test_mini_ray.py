@@ -1,7 +1,6 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ import pytest
 import yaml
 
 from sao_repro.mini.cli import find_run_notebook, make_config, run_params, run_setting
-from sao_repro.mini.cluster import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.cluster import ATTEMPTS_FILE, free_ports, pack_dir, run_task, start_blobs, unpack_into
 from sao_repro.mini.runfolder import run_state
 from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import read_metrics
@@ -19,24 +18,15 @@ from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an 
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
 
 
-def free_ports() -> dict:
-    "Agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine."
-    out = {}
-    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out[name] = s.getsockname()[1]
-    return out
-
-
-def start_cluster(Cluster, tries=3):
-    "A head and a worker node of 1 CPU each, with their own resources (a start that times out on a loaded machine is retried)."
+def start_cluster(Cluster, temp_root, tries=3):
+    "A head and a worker node of 1 CPU each, with their own resources and temp folders (a start that times out is retried)."
     for i in range(tries):
         cluster = None
         try:
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1},
-                                                                    "include_dashboard": False, **free_ports()})
-            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, **free_ports())
+                                                                    "include_dashboard": False, "temp_dir": f"{temp_root}/head",
+                                                                    **free_ports()})
+            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, temp_dir=f"{temp_root}/worker", **free_ports())
             cluster.wait_for_nodes()
             return cluster, worker
         except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
@@ -78,7 +68,12 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     cfg = tmp_path / "two.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
-    cluster, worker = start_cluster(Cluster)
+    import tempfile
+    temp_root = tempfile.mkdtemp(prefix="sao-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    cluster, worker = start_cluster(Cluster, temp_root)
+    sessions = {n: Path(n.get_session_dir_path()) for n in (cluster.head_node, worker)}
+    assert sessions[cluster.head_node].parent == Path(temp_root) / "head" and sessions[worker].parent == Path(temp_root) / "worker"
+    assert all(d.is_dir() and (d / "logs").is_dir() for d in sessions.values())  # each node keeps its session in its own folder
     root = tmp_path / "ray" / "sweeps" / "two" / "base" / "mini"
     rc = {}
     th = threading.Thread(target=lambda: rc.setdefault("rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"),
@@ -95,6 +90,8 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+        import shutil
+        shutil.rmtree(temp_root, ignore_errors=True)
     assert rc.get("rc") == 0
     nodes = set()
     for s in sweep["settings"]:
@@ -109,3 +106,69 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     assert worker_id in nodes and len(nodes) == 2
     res, ref = (json.loads((tmp_path / x / "sweeps" / "two" / "results.json").read_text()) for x in ("ray", "local"))
     assert res["points"] == ref["points"]
+
+
+def _marked(mark):
+    "Pids of live processes whose environment carries `mark` (every process a command started inherits it)."
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark.encode() in (p / "environ").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
+    "SIGINT to `sao-repro sweep --ray local` (its process group, as a terminal's Ctrl-C): exit 130, no Ray process left, rerun finishes."
+    import os
+    import signal
+    import subprocess
+    import sys
+    pytest.importorskip("ray")
+    sweep = {"name": "cc", "settings": ["single_dis", "running_mean"], "seeds": 2, "steps": 6, "window": 2,
+             "base": {**SMOKE, "eval_every": 2, "ckpt_every": 2}}
+    cfg = tmp_path / "cc.yaml"
+    cfg.write_text(yaml.safe_dump(sweep))
+    root = tmp_path / "out" / "sweeps" / "cc" / "base" / "mini"
+    run_setting("single_dis", 0, 2, out_dir=str(root.parent), overrides=sweep["base"], log=None)  # a partial run
+    assert run_state(root / "single_dis" / "seed0", 6) == "partial"
+    mark = f"sao-test-{os.getpid()}-{time.time()}"
+    env = {**os.environ, "SAO_CTRL_C_TEST": mark, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 400 and p.poll() is None and not list(root.glob(f"*/seed*/{ATTEMPTS_FILE}")):
+            time.sleep(0.5)
+        time.sleep(2)  # the next runs are in flight
+        assert p.poll() is None
+        os.killpg(p.pid, signal.SIGINT)
+        t1 = time.time()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "interrupted" in err and "run the same command again" in err
+    assert time.time() - t1 < 60
+    t0 = time.time()
+    while _marked(mark) and time.time() - t0 < 30:
+        time.sleep(1)
+    assert _marked(mark) == []  # the Ray instance, its workers and the run kernels are gone
+    done = {d for d in root.glob("*/seed*") if run_state(d, 6) == "done"}
+    assert 1 <= len(done) < 4
+    before = {d: read_metrics(d) for d in done}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{len(done)} finished (skipped)" in r.stdout
+    for s in sweep["settings"]:
+        for k in range(2):
+            d = root / s / f"seed{k}"
+            assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4, 5, 6]  # each step once
+            assert events(d).count("finish") == (2 if (s, k) == ("single_dis", 0) else 1)
+            if d in done:
+                assert read_metrics(d) == before[d]  # skipped, not run again
+    assert "resume" in events(root / "single_dis" / "seed0")
+    assert _marked(mark) == []

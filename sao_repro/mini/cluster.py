@@ -20,7 +20,8 @@ from .model import cache_root, start_key, warm_start
 from .runfolder import check_fresh, run_state
 
 # %% auto #0
-__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'ray_connect', 'run_on_ray']
+__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'free_ports', 'ray_connect', 'ray_disconnect',
+           'run_on_ray']
 
 # %% ../../nbs/24_mini.cluster.ipynb #349ba222
 def pack_dir(d) -> bytes:
@@ -90,6 +91,17 @@ def run_task(notebook: str, # the run notebook's text
 
 # %% ../../nbs/24_mini.cluster.ipynb #3f38c04b
 ATTEMPTS_FILE = "ray_attempts.jsonl"
+_LOCAL = []  # the private instance of `--ray local`, while it runs
+
+def free_ports() -> dict:
+    "Free ports for a node's agents (metrics, metrics export, dashboard agent, runtime env agent), chosen up front."
+    import socket
+    out = {}
+    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out[name] = s.getsockname()[1]
+    return out
 
 def ray_connect(address: str = "auto", num_cpus: int | None = None):
     "Connect this process to Ray (`local`: start a private instance); workers import the same sao_repro."
@@ -107,12 +119,19 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
     if address != "local":
         ray.init(address=address, **kw)
         return ray
-    for attempt in range(3):  # a node start times out (30 s, fixed in Ray) while a loaded machine starts its agents
-        try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **kw)
-            return ray
+    from ray.cluster_utils import Cluster
+    for attempt in range(3):  # a node start can still time out on a loaded machine: its processes are stopped, retried
+        cluster = None
+        try:  # agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": num_cpus or os.cpu_count(),
+                                                                    "include_dashboard": False, **free_ports()})
+            ray.init(address=cluster.address, **kw)
+            _LOCAL.append(cluster)
+            return ray  # the instance's processes stop when this process exits, or at `ray_disconnect`
         except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
             ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
             if attempt == 2:
                 raise
 
@@ -121,6 +140,14 @@ def _other_node(ray, node):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node and n["Resources"].get("CPU", 0) >= 1]
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(others[0], soft=True)} if others else {}
+
+def ray_disconnect():
+    "Disconnect from Ray and stop the private instance of `--ray local` (its workers and agents) if there is one."
+    import ray
+    ray.shutdown()
+    while _LOCAL:
+        _LOCAL.pop().shutdown()
+
 
 # %% ../../nbs/24_mini.cluster.ipynb #f5a66bd8
 def _record(run_dir: Path, r: dict, attempt: int):
@@ -189,5 +216,6 @@ def run_on_ray(notebook, # the run notebook
     except KeyboardInterrupt:
         for ref in pending:  # runs in flight: their folders here are as before (resumable next time)
             ray.cancel(ref, force=True)
+        ray_disconnect()
         raise
     return failed

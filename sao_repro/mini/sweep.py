@@ -169,7 +169,7 @@ def _run_jobs_on_ray(nb: Path, sc: SweepConfig, todo: list[dict], address: str, 
 
 # %% ../../nbs/33_mini.sweep.ipynb #66b0d04c
 def sweep_main(argv: list[str] | None = None) -> int:
-    "`sao-repro sweep CONFIG`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad CONFIG."
+    "`sao-repro sweep CONFIG`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad CONFIG, 130 on Ctrl-C."
     a = sweep_parser().parse_args(argv)
     try:
         sc = load_sweep(a.config)
@@ -186,8 +186,13 @@ def sweep_main(argv: list[str] | None = None) -> int:
     for point in sc.points() if a.ray is None else []:  # build each warm start once, before the parallel runs
         prebuild_warm_start(SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
                   {**sc.base, **point})
-    with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
-        failed = _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
+    try:
+        with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
+            failed = _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
+    except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; their run folders are as they were
+        print(f"\nsao-repro sweep: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
+              "resume: run the same command again", file=sys.stderr)
+        return 130
     res = sweep_results(sc, a.out)
     res["failed"] = [{"label": j["label"], "setting": j["setting"], "seed": j["seed"]} for j, _ in failed]
     table = study_tables(res)
