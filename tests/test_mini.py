@@ -164,6 +164,23 @@ def test_compare_unknown_setting(capsys):
     assert "running_mean" in capsys.readouterr().err
 
 
+def test_compare_interrupted_exits_130_saying_how_to_resume_and_writes_no_summary(tmp_path, capsys, monkeypatch):
+    import sao_repro.mini.cli as C
+    started = []
+
+    def interrupted(a, ov, nb, todo, bar):
+        started.extend(todo)
+        raise KeyboardInterrupt  # Ctrl-C while the runs are going
+
+    monkeypatch.setattr(C, "_compare_local", interrupted)
+    monkeypatch.setattr(C, "prebuild_warm_start", lambda a, ov: None)
+    rc = compare_main(["--settings", "sao", "grpo", "--seeds", "1", "--smoke", "--out", str(tmp_path)])
+    assert rc == 130 and len(started) == 2
+    err = capsys.readouterr().err
+    assert "sao-repro compare: interrupted after" in err and "run the same command again" in err
+    assert not (tmp_path / "mini" / "summary.md").exists()  # no table of runs that did not finish
+
+
 def test_python_api_errors_list_names():
     with pytest.raises(ValueError, match="valid settings: sao, grpo"):
         run_setting("ppo")

@@ -344,7 +344,7 @@ def _compare_on_ray(a, ov, nb, todo, bar) -> list[tuple]:
     return failed + [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
 
 def compare_main(argv: list[str] | None = None) -> int:
-    "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed)."
+    "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed), 130 when interrupted."
     from tqdm.auto import tqdm
     a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
@@ -359,13 +359,18 @@ def compare_main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{s} seed{k}" for s, k in done))
     t0 = time.time()
     todo = [(s, k, st) for s, k, st in jobs if st != "done"]
-    with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
-        if a.ray is not None:
-            failed = _compare_on_ray(a, ov, nb, todo, bar)
-        else:
-            if a.backend == "mini" and todo:
-                prebuild_warm_start(a, ov)
-            failed = _compare_local(a, ov, nb, todo, bar)
+    try:
+        with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
+            if a.ray is not None:
+                failed = _compare_on_ray(a, ov, nb, todo, bar)
+            else:
+                if a.backend == "mini" and todo:
+                    prebuild_warm_start(a, ov)
+                failed = _compare_local(a, ov, nb, todo, bar)
+    except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
+        print(f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
+              "resume: run the same command again", file=sys.stderr)
+        return 130
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
     table = format_summary(rows)
     if a.backend == "mini":  # effects paired by seed and the phenomena verdicts, as `sao-repro sweep` prints them
