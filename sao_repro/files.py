@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['write_atomic', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs']
+__all__ = ['write_atomic', 'file_sha256', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs']
 
 # %% ../nbs/07_files.ipynb #fea345e1
 def write_atomic(path:str|Path, # destination
@@ -33,6 +33,17 @@ def write_atomic(path:str|Path, # destination
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+# %% ../nbs/07_files.ipynb #fea345e2
+def file_sha256(*paths:str|Path) -> str:
+    "SHA-256 of the files' bytes, read in 1 MB blocks, one after another (one file: its usual sha256)."
+    import hashlib
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 # %% ../nbs/07_files.ipynb #714afcaf
 def _exchange(a:Path, b:Path) -> bool:

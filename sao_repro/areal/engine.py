@@ -26,6 +26,7 @@ from fastcore.basics import patch
 from ..critic import explained_variance as masked_explained_variance, returns_std, freeze_params
 from ..settings import get_setting
 from ..core import masked_whiten
+from ..files import file_sha256
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, log_dis_stats
 from .config import SAOSection
 
@@ -271,15 +272,9 @@ def critic_init_source(
         raise ValueError(f"sao.critic_init={path}: a {arch} checkpoint, not a critic (*{CRITIC_INIT_ARCH}); "
                          "give the critic's checkpoint folder, not the policy's")
     step = re.search(r"globalstep(\d+)", str(p.resolve()))
-    h = None
-    if digest:
-        h = hashlib.sha256()
-        for f in files:
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 24), b""):
-                    h.update(block)
+    h = file_sha256(*files) if digest else None
     return {"path": str(p.resolve()), "step": int(step.group(1)) if step else None,
-            "sha256": h.hexdigest() if h else None, "files": [f.name for f in files], "architecture": arch}
+            "sha256": h, "files": [f.name for f in files], "architecture": arch}
 
 def check_critic_shapes(
     model:torch.nn.Module, # the critic engine's model (FSDP2: parameters are DTensors with their full shapes)

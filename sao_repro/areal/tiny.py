@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..data import prepare_math
+from ..files import file_sha256, replace_dir
 from ..math_answer import gold_from_answer
 
 # %% ../../nbs/42_areal.tiny.ipynb #6868ec8d
@@ -110,17 +111,10 @@ def build_tiny(out:Path, spec:dict):
 # %% ../../nbs/42_areal.tiny.ipynb #c3392281
 CACHE_MANIFEST = "cache_manifest.json"  # {relative path: [size, sha256]} of every file of a build, written last
 
-def _sha256(p:Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 def cache_manifest(folder:Path) -> dict:
     "Every file under `folder` (but the manifest) with its size and sha256."
     folder = Path(folder)
-    return {str(f.relative_to(folder)): [f.stat().st_size, _sha256(f)] for f in sorted(folder.rglob("*"))
+    return {str(f.relative_to(folder)): [f.stat().st_size, file_sha256(f)] for f in sorted(folder.rglob("*"))
             if f.is_file() and f.name != CACHE_MANIFEST}
 
 def cache_damage(folder:Path) -> str|None:
@@ -138,7 +132,7 @@ def cache_damage(folder:Path) -> str|None:
             return f"{rel} is missing"
         if f.stat().st_size != size:
             return f"{rel} has {f.stat().st_size} bytes, not {size} (cut short?)"
-        if _sha256(f) != digest:
+        if file_sha256(f) != digest:
             return f"{rel} differs from its build (sha256)"
     return None
 
@@ -162,13 +156,10 @@ def tiny_assets(
         (tmp / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
         (tmp / CACHE_MANIFEST).write_text(json.dumps(cache_manifest(tmp), indent=1) + "\n")  # last: marks a complete build
         try:
-            os.rename(tmp, final)
-        except OSError:  # the folder exists: another process's good build, or the damaged one
+            replace_dir(tmp, final)  # a damaged build is swapped out in one step
+        except OSError:  # another process put its build there first
             if cache_damage(final) is not None:
-                aside = final.with_name(f".{key}.damaged-{os.getpid()}")
-                os.rename(final, aside)
-                os.rename(tmp, final)
-                shutil.rmtree(aside, ignore_errors=True)
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

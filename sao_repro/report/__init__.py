@@ -8,6 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/report.html.md"""
 from __future__ import annotations
 import argparse
 import hashlib
+from ..files import file_sha256
 import importlib
 import json
 import shlex
@@ -36,13 +37,6 @@ __all__ = ['INPUT_FILES', 'runs_fingerprint', 'find_report_notebook', 'execute_r
 # %% ../../nbs/76_report.ipynb #2b7fc3a6
 INPUT_FILES = ("metrics.jsonl", "config.json", "main.log", "merged.log")
 
-def _sha(path:Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 def runs_fingerprint(runs, # runs folder
                      extra:list|None=None, # further files that shape the output (report notebook, source modules)
                      params:dict|None=None, # parameters of the render
@@ -53,9 +47,9 @@ def runs_fingerprint(runs, # runs folder
     for p in sorted(root.rglob("*")):
         if p.name in INPUT_FILES and p.is_file() and "checkpoints" not in p.parts:
             h.update(p.relative_to(root).as_posix().encode())
-            h.update(_sha(p).encode())
+            h.update(file_sha256(p).encode())
     for p in extra or []:
-        h.update(_sha(Path(p)).encode())
+        h.update(file_sha256(p).encode())
     return h.hexdigest()
 
 # %% ../../nbs/76_report.ipynb #79181082
