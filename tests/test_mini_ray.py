@@ -1,6 +1,7 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -172,3 +173,80 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
                 assert read_metrics(d) == before[d]  # skipped, not run again
     assert "resume" in events(root / "single_dis" / "seed0")
     assert _marked(mark) == []
+
+
+@pytest.mark.slow
+def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_path):
+    "`ray start --head` (Ray's own CLI, as on a cluster's head node), then `sao-repro sweep CONFIG --ray` (auto, through "
+    "RAY_ADDRESS as a cluster job gets it): the runs execute there and equal local runs bit for bit; the head is stopped after."
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    pytest.importorskip("ray")
+    sweep = {"name": "auto", "settings": ["single_dis", "running_mean"], "seeds": 2, "steps": 4, "window": 2, "base": SMOKE}
+    cfg = tmp_path / "auto.yaml"
+    cfg.write_text(yaml.safe_dump(sweep))
+    assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="sao-rs-", dir="/tmp")  # short: Ray's socket paths live under it
+    mark = f"sao-ray-start-{os.getpid()}-{time.time()}"
+    env = {**os.environ, "SAO_RAY_START_TEST": mark, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+                             f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen, address = [], None
+        for line in head.stdout:  # `ray start` prints the address other nodes join at, then blocks
+            seen.append(line)
+            m = re.search(r"ray start --address='([^']+)'", line)
+            address = m.group(1) if m else address
+            if "--block" in line:
+                break
+        assert head.poll() is None and address and address.endswith(f":{port}"), "".join(seen)[-3000:]
+        r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray"],
+                           env={**env, "RAY_ADDRESS": address, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the node's processes when it is stopped
+        try:
+            head.wait(60)
+        finally:
+            t0 = time.time()
+            while _marked(mark) and time.time() - t0 < 60:
+                time.sleep(1)
+            for pid in _marked(mark):
+                os.kill(pid, signal.SIGKILL)
+            import shutil
+            shutil.rmtree(temp, ignore_errors=True)
+    root, ref = tmp_path / "ray" / "sweeps" / "auto" / "base" / "mini", tmp_path / "local" / "sweeps" / "auto" / "base" / "mini"
+    for s in sweep["settings"]:
+        for k in range(2):
+            att = [json.loads(l) for l in (root / s / f"seed{k}" / ATTEMPTS_FILE).read_text().splitlines()]
+            assert len(att) == 1 and att[0]["error"] is None and att[0]["node"]  # one Ray task, on the started head
+            assert strip_perf(read_metrics(root / s / f"seed{k}")) == strip_perf(read_metrics(ref / s / f"seed{k}"))
+    res, want = (json.loads((tmp_path / x / "sweeps" / "auto" / "results.json").read_text()) for x in ("ray", "local"))
+    assert res["points"] == want["points"]
+    assert _marked(mark) == []  # nothing of the head outlives it
+
+
+def test_a_ray_address_nothing_answers_at_is_refused_before_any_run(tmp_path, capsys):
+    "`--ray HOST:PORT` with no cluster there: exit 2 within seconds, naming the address and `ray start --head`; no run folder made."
+    import socket
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "d", "settings": ["single_dis"], "seeds": 1, "steps": 2, "base": SMOKE}))
+    t0 = time.time()
+    assert sweep_main([str(cfg), "--out", str(tmp_path / "o"), "--ray", dead]) == 2
+    err = capsys.readouterr().err
+    assert f"no Ray cluster answers at {dead}" in err and "ray start --head" in err and time.time() - t0 < 30
+    assert not (tmp_path / "o" / "sweeps" / "d" / "base").exists()

@@ -81,6 +81,12 @@ def test_log_prob_noise_needs_the_stand_in(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_critic_freeze_needs_a_setting_with_a_critic(tmp_path):
+    p = cli("--setting", "grpo_dis", "--critic-freeze", "attention", "--out", str(tmp_path))
+    assert p.returncode == 2 and "grpo_dis has no critic" in p.stderr and "sao" in p.stderr
+    assert not (tmp_path / "areal").exists()
+
+
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
     d = tmp_path / "areal" / "grpo" / "seed1"
     d.mkdir(parents=True)
@@ -94,13 +100,13 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
 
 @pytest.fixture(scope="module")
 def rehearsed(tmp_path_factory):
-    "All five settings for 3 steps through real vLLM (float32), then sao resumed to 12 (past its 10 warmup steps)."
+    "All five settings for 3 steps through real vLLM (float32), then sao resumed to 12 (past its 10 warmup steps); sao's critic has its attention frozen."
     if NO_VLLM:
         pytest.skip(NO_VLLM)
     out = tmp_path_factory.mktemp("rehearsal")
-    p = cli("--setting", "all", "--steps", "3", "--out", str(out))
+    p = cli("--setting", "all", "--steps", "3", "--out", str(out), "--critic-freeze", "attention")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    p = cli("--setting", "sao", "--steps", "12", "--out", str(out), "--resume")
+    p = cli("--setting", "sao", "--steps", "12", "--out", str(out), "--resume", "--critic-freeze", "attention")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out
 
@@ -140,6 +146,32 @@ def test_sao_warmup_critic_passes_and_explained_variance(rehearsed):
     assert all("areal/ppo_actor/n_valid_tokens" not in r for r in rs[:10])  # no policy update during warmup
     ev = events(run_dir(rehearsed, "sao"))
     assert "resume" in ev and "one_sequence_per_microbatch" in ev  # sdpa: packing refused, and logged
+
+
+@needs_areal
+@pytest.mark.slow
+def test_sao_trains_a_frozen_attention_critic_in_areal(rehearsed, tmp_path):
+    "--critic-freeze attention: AReaL's critic engine froze q/k/v/o before its optimizer; after 12 steps (the resume "
+    "included) its recover checkpoint holds those weights equal to the tiny model's, bit for bit, and no optimizer state for them, while its MLP moved."
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from sao_repro.areal.tiny import tiny_assets
+    d = run_dir(rehearsed, "sao")
+    assert json.loads((d / "config.json").read_text())["sao"]["critic_freeze"] == "attention"
+    assert json.loads((run_dir(rehearsed, "grpo") / "config.json").read_text())["sao"]["critic_freeze"] == "none"  # no critic
+    init = load_file(tiny_assets() / "model" / "model.safetensors")
+    attn, mlp = [n for n in init if ".self_attn." in n], [n for n in init if ".mlp." in n]
+    assert f"sao: critic_freeze=attention: {len(attn)} parameter tensors frozen" in (d / "main.log").read_text()
+    ckpt = [p.parent for p in (d / "fileroot").rglob(".metadata") if "critic" in p.parent.parts]
+    assert len(ckpt) == 1, sorted(str(p.relative_to(d)) for p in (d / "fileroot").rglob("*"))[:40]
+    dcp_to_torch_save(ckpt[0], tmp_path / "critic.pt")  # AReaL's recover checkpoint: torch.distributed.checkpoint
+    saved = torch.load(tmp_path / "critic.pt", weights_only=False)["dcp"]
+    model, state = saved["model"], saved["optim"]["state"]
+    assert attn and mlp and set(attn + mlp) <= set(model), sorted(model)[:20]
+    assert all(torch.equal(model[n], init[n]) for n in attn)  # frozen through 12 steps and a resume
+    assert any(not torch.equal(model[n], init[n]) for n in mlp)  # the MLP trained
+    assert not [n for n in state if ".self_attn." in n] and all(n in state for n in mlp)  # AdamW holds no state for frozen weights
 
 
 @needs_areal

@@ -81,6 +81,7 @@ def plan(
     sample_dtype:str="float32", # the engine's precision (`--engine-dtype`)
     server_port:int|None=None, # spmd: the server's port
     engine:str="vllm", # vllm | stand-in
+    critic_freeze:str="none", # a critic's frozen parameters (`sao.critic_freeze`); settings without a critic ignore it
 ) -> RehearsalRun:
     "The command, environment and folder of one rehearsal run (nothing is started or written)."
     if engine not in ENGINES:
@@ -100,6 +101,8 @@ def plan(
           f"vllm.dtype={sample_dtype}"]
     if engine == "stand-in":
         ov.append(f"sao.rollout_engine={STAND_IN_ENGINE}")
+    if s.critic and critic_freeze != "none":
+        ov.append(f"sao.critic_freeze={critic_freeze}")
     server_opts = f"--logprob-noise {noise:g} --sample-dtype {sample_dtype} --seed {seed}"
     env = {"SAO_WS": str(run_dir / "ws"), "MODEL_ROOT": str(assets), "REWARD_ROOT": str(run_dir / "reward"),
            "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -368,6 +371,9 @@ def rehearse_parser() -> argparse.ArgumentParser:
                    help="the engine's precision (default float32; bfloat16: the trainer scores in float32, a GPU cluster's mismatch)")
     p.add_argument("--logprob-noise", type=float, default=None,
                    help="stand-in only: std of the noise on its log-probs, a mismatch for DIS to mask (default 1.0 there)")
+    p.add_argument("--critic-freeze", choices=("none", "attention"), default="none",
+                   help="the critic's frozen parameters, in the settings with a critic (sao): attention trains only its MLP "
+                   "and value head (the paper's section 3.2); default none. Give it again with --resume")
     p.add_argument("--port", type=port_arg, default=None, help="spmd: the server's port (default: a free one)")
     p.add_argument("--server-timeout", type=float, default=600.0,
                    help="spmd: seconds the vLLM server may take to become healthy (default 600; ~1-2 min on 2 cores)")
@@ -388,6 +394,8 @@ def _validate(a, p):
         p.error(f"--server-timeout {a.server_timeout}: give seconds > 0")
     if a.resume and a.overwrite:
         p.error("--resume and --overwrite exclude each other")
+    if a.critic_freeze != "none" and a.setting != "all" and not get_setting(a.setting).critic:
+        p.error(f"--critic-freeze {a.critic_freeze}: {a.setting} has no critic; use it with sao (or --setting all)")
     if a.port is not None:
         with socket.socket() as s:
             try:
@@ -412,7 +420,8 @@ def rehearse_main(argv:list[str]|None=None) -> int:
     a = p.parse_args(argv)
     _validate(a, p)
     settings = list_settings() if a.setting == "all" else [a.setting]
-    runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine) for s in settings]
+    runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
+                 critic_freeze=a.critic_freeze) for s in settings]
     with contextlib.ExitStack() as held:
         try:  # one rehearsal per run folder, for its whole life: a second one exits 2 before it starts anything
             for r in runs:
@@ -438,7 +447,8 @@ def _rehearse(a, settings:list[str]) -> int:
         if a.scheduler == "ray":
             started_ray = ensure_ray()
         for s in settings:
-            r = plan(s, assets, a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine)
+            r = plan(s, assets, a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
+                     critic_freeze=a.critic_freeze)
             rec = run_one(r, a.port, server=server)
             records.append(rec)
             print(f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit %d)' % rec['returncode']}, "
@@ -449,7 +459,8 @@ def _rehearse(a, settings:list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         print(f"\nsao-repro rehearse: interrupted; finished steps are checkpointed: continue with "
-              f"sao-repro rehearse --setting {a.setting} --out {a.out} --seed {a.seed} --steps {a.steps} --resume", file=sys.stderr)
+              f"sao-repro rehearse --setting {a.setting} --out {a.out} --seed {a.seed} --steps {a.steps} --resume"
+              + (f" --critic-freeze {a.critic_freeze}" if a.critic_freeze != "none" else ""), file=sys.stderr)
         return 130
     finally:
         if server is not None:

@@ -352,6 +352,12 @@ def compare_main(argv: list[str] | None = None) -> int:
     if a.ray is not None and a.backend != "mini":
         print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
         return 2
+    if a.ray is not None:  # a cluster that is not there is named before any run starts
+        from sao_repro.mini.cluster import ray_problem
+        problem = ray_problem(a.ray)
+        if problem:
+            print(f"sao-repro compare: {problem}", file=sys.stderr)
+            return 2
     jobs = [(s, k, _compare_state(a, ov, s, k)) for s in a.settings for k in range(a.seeds)]
     done = [(s, k) for s, k, st in jobs if st == "done"]
     if done:

@@ -20,8 +20,8 @@ from .model import cache_root, start_key, warm_start
 from .runfolder import check_fresh, run_state
 
 # %% auto #0
-__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'free_ports', 'ray_connect', 'ray_disconnect',
-           'run_on_ray']
+__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'free_ports', 'ray_problem', 'ray_connect',
+           'ray_disconnect', 'run_on_ray']
 
 # %% ../../nbs/24_mini.cluster.ipynb #349ba222
 def pack_dir(d) -> bytes:
@@ -103,13 +103,47 @@ def free_ports() -> dict:
             out[name] = s.getsockname()[1]
     return out
 
+_NO_RAY = "--ray needs Ray on this machine and on every node: pip install 'ray[default]' (or the package's cluster extra)"
+
+def _ray_target(address: str) -> str | None:
+    "The host:port `--ray address` points at (None: `local`, a `ray://` client address, or `auto` with no cluster on record)."
+    if address == "auto":
+        env = os.environ.get("RAY_ADDRESS", "")
+        if env and env != "auto":
+            address = env
+        else:  # where `ray start` on this machine records its cluster
+            f = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+            return (f.read_text().strip() or None) if f.is_file() else None
+    return None if address == "local" or address.startswith("ray://") else address
+
+def ray_problem(address: str, # `--ray`: auto, an address, or local
+                timeout: float = 10.0, # seconds to wait for the cluster's port
+               ) -> str | None:
+    "Why `--ray address` cannot be used, in one sentence that says what to do; None when it can."
+    import socket
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return _NO_RAY
+    target = _ray_target(address)
+    if address == "auto" and target is None and not os.environ.get("RAY_ADDRESS"):
+        return ("--ray auto: no Ray cluster on record on this machine (none started with `ray start`, RAY_ADDRESS "
+                "unset): start one with `ray start --head`, give its address (--ray HOST:6379), or use --ray local")
+    if target is not None:  # Ray itself would wait minutes on an address nothing answers at
+        host, _, port = target.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout).close()
+        except (OSError, ValueError) as e:
+            return (f"--ray {address}: no Ray cluster answers at {target} ({e}); start it (`ray start --head` on its "
+                    "head node) or give the address it printed (--ray HOST:6379, or RAY_ADDRESS)")
+    return None
+
 def ray_connect(address: str = "auto", num_cpus: int | None = None):
     "Connect this process to Ray (`local`: start a private instance); workers import the same sao_repro."
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("--ray needs Ray on this machine and on every node: pip install 'ray[default]' "
-                           "(or the package's cluster extra)") from None
+    problem = ray_problem(address)
+    if problem:
+        raise RuntimeError(problem)
+    import ray
     import sao_repro
     if ray.is_initialized():
         return ray

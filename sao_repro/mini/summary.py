@@ -6,6 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini.summary.html.md"""
 
 # %% ../../nbs/31_mini.summary.ipynb #8ebdb5a3
 from __future__ import annotations
+import json
 import math
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from .runfolder import read_metrics
 from ..stats import SCALED_MIN_SEEDS, fmt_ci, fmt_interval, iqm_ci, mean_ci, paired_effect, prob_improvement
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'run_windows', 'summarize', 'format_summary', 'point_summary', 'json_ready', 'format_results',
-           'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'format_scaled', 'study_tables']
+__all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'run_windows', 'summarize', 'format_summary', 'point_summary', 'json_ready',
+           'format_results', 'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'knob_effects',
+           'format_knob_effects', 'format_scaled', 'study_tables']
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
@@ -121,6 +123,8 @@ def format_results(res: dict) -> str:
             out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
                        f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))} | {fmt_ci(r['acc_end'], r['acc_end_ci'])} | "
                        f"{fmt_ci(r['delta'], r['delta_ci'])} |")
+    if not any(p["effects"] for p in res["points"]):  # one setting: no pair to take
+        return "\n".join(out)
     out += ["", "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)", "",
             "| point | effect | pair | pairs | online | held-out |", "|---|---|---|---|---|---|"]
     for p in res["points"]:
@@ -161,7 +165,9 @@ def phenomena(point: dict) -> list[dict]:
     return out
 
 def format_phenomena(res: dict) -> str:
-    "Markdown: one row per point x phenomenon."
+    "Markdown: one row per point x phenomenon ('' when the settings give none)."
+    if not any(phenomena(p) for p in res["points"]):
+        return ""
     out = ["### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)", "",
            "| point | phenomenon | quantity | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|---|"]
     for p in res["points"]:
@@ -197,6 +203,66 @@ def format_forms(res: dict) -> str:
                    f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |")
     return "\n".join(out)
 
+# %% ../../nbs/31_mini.summary.ipynb #e89718e9
+KNOB_DIAGNOSTICS = ("critic/explained_var",)  # end-window means shown beside each knob effect
+
+def _window_mean(run_dir, key: str, window: int, part: str = "end") -> float | None:
+    "Mean of `key` over the run's first ('start') or last ('end') `window` logged steps, non-finite values left out (None without any)."
+    ms = read_metrics(run_dir)
+    ms = ms[:max(1, window)] if part == "start" else ms[-max(1, window):]
+    vals = [float(m[key]) for m in ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+    return float(np.mean(vals)) if vals else None
+
+def _diagnostic(root: Path, s: str, seeds, key: str, window: int, part: str) -> float | None:
+    vals = [v for v in (_window_mean(root / "mini" / s / f"seed{k}", key, window, part) for k in seeds) if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+def knob_effects(root: Path, # a sweep folder: <root>/<point label>/mini/<setting>/seed<k>/
+                 points: list[tuple[str, dict]], # (label, grid values) of every point, in the grid's order
+                 settings: list[str], seeds: list[int], window: int = 50) -> list[dict]:
+    "Per knob value after the knob's first, per setting: end accuracy there minus at the first value, paired by seed, the other knobs equal."
+    root, key = Path(root), lambda p: json.dumps(p, sort_keys=True, default=str)
+    if not points:
+        return []
+    labels, first = {key(p): label for label, p in points}, points[0][1]
+    rows = []
+    for label, p in points:
+        for k, v in p.items():
+            ref = labels.get(key({**p, k: first[k]})) if v != first[k] else None
+            if ref is None:
+                continue
+            at = ",".join(f"{o}={w}" for o, w in p.items() if o != k) or "base"
+            for s in settings:
+                row = {"knob": k, "change": f"{first[k]} -> {v}", "at": at, "setting": s, "from": ref, "to": label}
+                for part, name in (("end", "online"), ("eval_end", "heldout")):
+                    m, h, n = paired_effect(_ends(root / label, s, seeds, window, part), _ends(root / ref, s, seeds, window, part))
+                    verdict = _verdict(m, h)
+                    row.update({name: m, f"{name}_ci": h, f"{name}_n": n,
+                                f"{name}_verdict": {"reproduced": "higher", "opposite": "lower"}.get(verdict, verdict)})
+                row["diagnostics"] = {f"{d} {part}": [_diagnostic(root / x, s, seeds, d, window, part) for x in (ref, label)]
+                                      for d in KNOB_DIAGNOSTICS for part in ("start", "end")}
+                rows.append(row)
+    return rows
+
+def format_knob_effects(res: dict) -> str:
+    "Markdown of a sweep's `knob_effects` ('' when its grid changes no knob)."
+    rows = res.get("knob_effects") or []
+    if not rows:
+        return ""
+    f2 = lambda x: "-" if x is None else f"{x:.2f}"
+    diags = [f"{d} {part}" for d in KNOB_DIAGNOSTICS for part in ("start", "end")]
+    out = ["### Knob effects (end accuracy at the new value minus at the first, other options equal, paired by seed; "
+           "verdict: 95% CI above 0 = higher)", "",
+           "| knob | change | at | setting | pairs | held-out | verdict | online | verdict | " +
+           " | ".join(f"{d} (from -> to)" for d in diags) + " |", "|---" * (9 + len(diags)) + "|"]
+    for r in rows:
+        diag = " | ".join(f"{f2(a)} -> {f2(b)}" for a, b in (r["diagnostics"].get(d, [None, None]) for d in diags))
+        out.append(f"| {r['knob']} | {r['change']} | {r['at']} | {r['setting']} | {r['online_n']} | "
+                   f"{fmt_ci(r['heldout'], r['heldout_ci'])} | {r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | "
+                   f"{r['online_verdict']} | {diag} |")
+    return "\n".join(out)
+
+
 # %% ../../nbs/31_mini.summary.ipynb #4874cf10
 def _poi_verdict(lo, hi) -> str:
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
@@ -214,6 +280,8 @@ def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
         for r in p["settings"]:
             out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_interval(*g(r, 'iqm_eval_end'))} | "
                        f"{fmt_interval(*g(r, 'iqm_end'))} |")
+    if not any(p["effects"] for p in res["points"]):
+        return "\n".join(out)
     out += ["", "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]", "",
             "| point | pair A - B | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|"]
     for p in res["points"]:
@@ -224,6 +292,7 @@ def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
 
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
-    "The end-accuracy, paired-effect and phenomena tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
-    forms, scaled = format_forms(res), format_scaled(res)
-    return format_results(res) + "\n\n" + format_phenomena(res) + ("\n\n" + forms if forms else "") + ("\n\n" + scaled if scaled else "")
+    "The end-accuracy, paired-effect, phenomena and knob-effect tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
+    return "\n\n".join(t for t in (format_results(res), format_phenomena(res), format_forms(res), format_knob_effects(res),
+                                   format_scaled(res)) if t)
+

@@ -25,7 +25,7 @@ from ..configfile import load_yaml_bounded
 from ..stats import paired_effect
 from .runfolder import run_state
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
-from .summary import format_phenomena, format_results, json_ready, phenomena, point_summary, study_tables
+from .summary import format_phenomena, format_results, json_ready, knob_effects, phenomena, point_summary, study_tables
 
 # %% auto #0
 __all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
@@ -122,11 +122,13 @@ def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
 
 # %% ../../nbs/33_mini.sweep.ipynb #36744999
 def sweep_results(sc: SweepConfig, out: str) -> dict:
-    "Rows per point x setting and paired effects per point (JSON-ready; NaN -> None)."
+    "Rows per point x setting, paired effects per point and the knob effects between points (JSON-ready; NaN -> None)."
     base = Path(out).resolve() / "sweeps" / sc.name
     points = [{"label": point_label(p), "point": p, **point_summary(base / point_label(p), sc.settings, sc.seeds, sc.window)}
               for p in sc.points()]
-    return json_ready({"name": sc.name, "steps": sc.steps, "window": sc.window, "seeds": sc.seeds, "points": points})
+    effects = knob_effects(base, [(point_label(p), p) for p in sc.points()], sc.settings, sc.seeds, sc.window)
+    return json_ready({"name": sc.name, "steps": sc.steps, "window": sc.window, "seeds": sc.seeds, "points": points,
+                       "knob_effects": effects})
 
 # %% ../../nbs/33_mini.sweep.ipynb #7cd72589
 def sweep_parser() -> argparse.ArgumentParser:
@@ -176,6 +178,12 @@ def sweep_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, yaml.YAMLError) as e:
         print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
         return 2
+    if a.ray is not None:  # a cluster that is not there is named before any run starts
+        from sao_repro.mini.cluster import ray_problem
+        problem = ray_problem(a.ray)
+        if problem:
+            print(f"sao-repro sweep: {problem}", file=sys.stderr)
+            return 2
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
     jobs = sweep_jobs(sc, a.out)

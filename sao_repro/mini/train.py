@@ -7,7 +7,6 @@ Docs: https://sao-repro.github.io/sao-repro/mini.train.html.md"""
 # %% ../../nbs/30_mini.train.ipynb #a206885c
 from __future__ import annotations
 import errno
-import hashlib
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from ..core import masked_mean, masked_var, masked_whiten
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
-from ..files import write_atomic
+from ..files import file_sha256, write_atomic
 from ..runlog import RunFolderBusy, lock_run_dir  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
@@ -115,7 +114,7 @@ def load_critic_init(model: torch.nn.Module, # the new run's critic
         raise ValueError(f"critic_init={path}: shapes differ from this run's critic at "
                          + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8]))
     model.load_state_dict(sd)
-    return {"path": str(p.resolve()), "step": step, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    return {"path": str(p.resolve()), "step": step, "sha256": file_sha256(p)}
 
 # %% ../../nbs/30_mini.train.ipynb #a19ab33c
 def _critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) -> CriticModel:
