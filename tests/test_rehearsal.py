@@ -87,6 +87,18 @@ def test_critic_freeze_needs_a_setting_with_a_critic(tmp_path):
     assert not (tmp_path / "areal").exists()
 
 
+def test_resume_needs_the_options_the_run_started_with(tmp_path):
+    "A sao run started with --critic-freeze attention in bfloat16 is not continued unfrozen or in float32 by a bare --resume."
+    d = tmp_path / "areal" / "sao" / "seed1"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text('{"step": 1}\n')
+    (d / "config.json").write_text(json.dumps({"rehearsal": {"engine": "vllm", "engine_dtype": "bfloat16"},
+                                               "sao": {"critic_freeze": "attention"}}))
+    p = cli("--setting", "sao", "--out", str(tmp_path), "--resume")
+    assert p.returncode == 2 and "started with --engine-dtype bfloat16, --critic-freeze attention" in p.stderr, p.stderr
+    assert [l for l in (d / "metrics.jsonl").read_text().splitlines()] == ['{"step": 1}']  # untouched
+
+
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
     d = tmp_path / "areal" / "grpo" / "seed1"
     d.mkdir(parents=True)

@@ -7,8 +7,8 @@ Docs: https://sao-repro.github.io/sao-repro/areal.rehearse.html.md"""
 # %% auto #0
 __all__ = ['OVERLAY', 'SCHEDULERS', 'ENGINES', 'ENGINE_DTYPES', 'STAND_IN_ENGINE', 'AREAL_CPU_DEPS', 'STEP_RE', 'PHASES',
            'missing_deps', 'RehearsalRun', 'overlay_trajectories', 'plan', 'RehearsalError', 'check_run_dir',
-           'wait_healthy', 'VLLMServer', 'run_one', 'ensure_ray', 'rehearse_parser', 'rehearse_main', 'phase_seconds',
-           'bench_rehearsal', 'bench_rehearsal_main', 'engine_agreement']
+           'check_resume_matches', 'wait_healthy', 'VLLMServer', 'run_one', 'ensure_ray', 'rehearse_parser',
+           'rehearse_main', 'phase_seconds', 'bench_rehearsal', 'bench_rehearsal_main', 'engine_agreement']
 
 # %% ../../nbs/44_areal.rehearse.ipynb #4d81ede2
 import argparse
@@ -131,6 +131,22 @@ def check_run_dir(run_dir:Path, resume:bool, overwrite:bool):
             shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
     elif has_run and not resume:
         raise RehearsalError(f"{run_dir} already holds a run: continue it with --resume, or replace it with --overwrite")
+
+def check_resume_matches(run_dir:Path, **want):
+    "On --resume: the options the run was started with (its config.json) must be given again; names each that differs."
+    f = run_dir / "config.json"
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, ValueError):  # no run yet, or a torn config.json (the trainer writes it again)
+        return
+    reh, sao = cfg.get("rehearsal") or {}, cfg.get("sao") or {}
+    had = {"engine": reh.get("engine"), "engine_dtype": reh.get("engine_dtype"), "critic_freeze": sao.get("critic_freeze")}
+    bad = [(k, had[k], v) for k, v in want.items() if had.get(k) is not None and had[k] != v]
+    if bad:
+        flag = lambda k: "--" + k.replace("_", "-")
+        raise RehearsalError(f"{run_dir} was started with {', '.join(f'{flag(k)} {h}' for k, h, _ in bad)}, this call has "
+                             f"{', '.join(f'{flag(k)} {v}' for k, _, v in bad)}: --resume continues a run only with the "
+                             "options it started with; give them again, or start over with --overwrite")
 
 def wait_healthy(url:str, proc:subprocess.Popen, timeout_s:float=120.0, log:Path|None=None, name:str="the CPU server"):
     "Wait until `url`/health answers; fail early with the server's log if the process ends."
@@ -432,6 +448,9 @@ def rehearse_main(argv:list[str]|None=None) -> int:
         try:
             for r in runs:
                 check_run_dir(r.run_dir, a.resume, a.overwrite)
+                if a.resume:
+                    check_resume_matches(r.run_dir, engine=a.engine, engine_dtype=a.engine_dtype,
+                                         critic_freeze=a.critic_freeze if get_setting(r.setting).critic else "none")
         except RehearsalError as e:
             p.error(str(e))
         return _rehearse(a, settings)
