@@ -147,16 +147,20 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
     pytest.importorskip("sao_repro.mini.cli")
     logs = tmp_path / "runs"
     logs.mkdir()
-    run = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.mini.cli import run_main; "
-                            "sys.exit(run_main(sys.argv[1:]))", "--setting", "sao", "--out", str(logs),
-                            "--preset", "smoke", "--traj-per-step", "16", "--eval-every", "10", "--eval-n", "32",
-                            "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
     browser = contextlib.ExitStack()
-    chrome = browser.enter_context(open_page())
+    run = None
     try:
+        chrome = browser.enter_context(open_page())
         chrome.goto(srv.url)
+        t0 = time.monotonic()  # the page polls before the run starts: a loaded machine's slow browser start cannot miss it
+        while time.monotonic() - t0 < 60 and not ((chrome.evaluate(STATE_JS) or {}).get("polls", 0) >= 1):
+            time.sleep(0.2)
+        run = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.mini.cli import run_main; "
+                                "sys.exit(run_main(sys.argv[1:]))", "--setting", "sao", "--out", str(logs),
+                                "--preset", "smoke", "--traj-per-step", "16", "--eval-every", "10", "--eval-n", "32",
+                                "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         name = "mini/sao/seed0"
         seen = []
         deadline = time.monotonic() + 180
@@ -186,7 +190,7 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         browser.close()
         srv.shutdown()
         srv.server_close()
-        if run.poll() is None:
+        if run is not None and run.poll() is None:
             run.kill()
             run.wait()
 
