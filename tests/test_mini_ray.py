@@ -195,7 +195,8 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="sao-rs-", dir="/tmp")  # short: Ray's socket paths live under it
     mark = f"sao-ray-start-{os.getpid()}-{time.time()}"
-    env = {**os.environ, "SAO_RAY_START_TEST": mark, "RAY_USAGE_STATS_ENABLED": "0"}
+    # a private head without token auth (a token in ~/.ray, left by another cluster, would turn it on for the head only)
+    env = {**os.environ, "SAO_RAY_START_TEST": mark, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
                              f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false"],

@@ -6,6 +6,7 @@ The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,9 +161,25 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
                                 "sys.exit(run_main(sys.argv[1:]))", "--setting", "sao", "--out", str(logs),
                                 "--preset", "smoke", "--traj-per-step", "16", "--eval-every", "10", "--eval-n", "32",
                                 "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         name = "mini/sao/seed0"
         seen = []
+        metrics = logs / "mini" / "sao" / "seed0" / "metrics.jsonl"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 180 and run.poll() is None and not (metrics.is_file() and len(metrics.read_bytes().splitlines()) >= 3):
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGSTOP)  # held part-way (the run and its kernel) until the page has shown it so:
+        try:                                # the page must follow a running run on a machine of any speed, not catch it by luck
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:
+                s = chrome.evaluate(STATE_JS)
+                if s and name in s["flags"]:
+                    seen.append((s["points"].get("rollout/resp_len", 0), s["flags"][name]))
+                    if 0 < seen[-1][0] < 60:
+                        break
+                time.sleep(0.5)
+        finally:
+            os.killpg(run.pid, signal.SIGCONT)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             s = chrome.evaluate(STATE_JS)
@@ -191,7 +208,7 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         srv.shutdown()
         srv.server_close()
         if run is not None and run.poll() is None:
-            run.kill()
+            os.killpg(run.pid, signal.SIGKILL)
             run.wait()
 
 
