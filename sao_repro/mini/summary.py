@@ -22,11 +22,12 @@ __all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'run_windows', 'summarize', 'form
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
-    """Start / end window means of `key` in one run (the first and last `window` steps, as the report and
+    """Start / end window means of `key` in one run (the first and last `window` steps that logged it
+    as a finite number, as the report and
     `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than 2 x window), and the
     held-out accuracy at the first evaluation and averaged over the evaluations inside the end window."""
     all_ms = read_metrics(run_dir)
-    ms = [m for m in all_ms if m.get(key) is not None]
+    ms = [m for m in all_ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]  # NaN: e.g. degenerate returns
     if not ms:
         return {}
     w = max(1, window)
@@ -206,16 +207,10 @@ def format_forms(res: dict) -> str:
 # %% ../../nbs/31_mini.summary.ipynb #e89718e9
 KNOB_DIAGNOSTICS = ("critic/explained_var",)  # end-window means shown beside each knob effect
 
-def _window_mean(run_dir, key: str, window: int, part: str = "end") -> float | None:
-    "Mean of `key` over the run's first ('start') or last ('end') `window` logged steps, non-finite values left out (None without any)."
-    ms = read_metrics(run_dir)
-    ms = ms[:max(1, window)] if part == "start" else ms[-max(1, window):]
-    vals = [float(m[key]) for m in ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
-    return float(np.mean(vals)) if vals else None
-
-def _diagnostic(root: Path, s: str, seeds, key: str, window: int, part: str) -> float | None:
-    vals = [v for v in (_window_mean(root / "mini" / s / f"seed{k}", key, window, part) for k in seeds) if v is not None]
-    return float(np.mean(vals)) if vals else None
+def _diagnostic(root: Path, s: str, seeds, key: str, window: int) -> dict:
+    "'start' / 'end' window means of `key` (`run_windows`), averaged over the seeds that logged it (None: none did)."
+    ws = [w for w in (run_windows(root / "mini" / s / f"seed{k}", window, key) for k in seeds) if w]
+    return {part: float(np.mean([w[part] for w in ws])) if ws else None for part in ("start", "end")}
 
 def knob_effects(root: Path, # a sweep folder: <root>/<point label>/mini/<setting>/seed<k>/
                  points: list[tuple[str, dict]], # (label, grid values) of every point, in the grid's order
@@ -239,8 +234,8 @@ def knob_effects(root: Path, # a sweep folder: <root>/<point label>/mini/<settin
                     verdict = _verdict(m, h)
                     row.update({name: m, f"{name}_ci": h, f"{name}_n": n,
                                 f"{name}_verdict": {"reproduced": "higher", "opposite": "lower"}.get(verdict, verdict)})
-                row["diagnostics"] = {f"{d} {part}": [_diagnostic(root / x, s, seeds, d, window, part) for x in (ref, label)]
-                                      for d in KNOB_DIAGNOSTICS for part in ("start", "end")}
+                diag = {d: [_diagnostic(root / x, s, seeds, d, window) for x in (ref, label)] for d in KNOB_DIAGNOSTICS}
+                row["diagnostics"] = {f"{d} {part}": [w[part] for w in diag[d]] for d in KNOB_DIAGNOSTICS for part in ("start", "end")}
                 rows.append(row)
     return rows
 
