@@ -222,10 +222,13 @@ def check_engine_agrees(rs, tol=1e-4, measured=True):
         assert 0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # no token from weights AReaL has not made
         if GAP in r:
             assert r[GAP] < tol, (r["step"], r[GAP])
+        if measured:  # the gap is logged exactly when the batch holds tokens of the trainer's own version
+            assert (GAP in r) == (r["areal/rollout/current_frac"] > 0), (r["step"], r["areal/rollout/current_frac"])
         if BIW + "min" in r and r["areal/rollout/version_min"] == v:  # a batch wholly of the trainer's version
             assert 1 - tol < r[BIW + "min"] <= r[BIW + "max"] < 1 + tol, (r["step"], r[BIW + "min"], r[BIW + "max"])
-    if measured:  # the check ran: most steps have tokens of the trainer's own version
-        assert sum(GAP in r for r in rs) >= max(1, len(rs) - 1), [sorted(k for k in r if "rollout/" in k) for r in rs]
+    if measured:  # the check ran, on the first batch (version 0) and on a later one; how many later batches hold
+        # current tokens depends on how far rollout runs ahead of training, which the machine's load decides
+        assert GAP in rs[0] and any(GAP in r for r in rs[1:]), [r.get("areal/rollout/current_frac") for r in rs]
 
 
 @needs_areal

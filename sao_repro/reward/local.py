@@ -164,7 +164,9 @@ def _run(self: LocalRewardPool):
                 self._workers.append(self._spawn())
             self._assign()
             waitables = [self._wake_r] + [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
-            deadline = min([w.deadline for w in self._workers] + [time.monotonic() + 0.5])
+            # wake at the next item deadline, a starting worker's start-up limit, or in 0.5 s
+            starting = [w.started + self.policy.startup_timeout_s for w in self._workers if not w.ready]
+            deadline = min([w.deadline for w in self._workers] + starting + [time.monotonic() + 0.5])
         ready = mp_wait(waitables, timeout=max(0.0, deadline - time.monotonic()))
         with self._lock:
             if self._closed:
