@@ -168,6 +168,7 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         t0 = time.monotonic()
         while time.monotonic() - t0 < 180 and run.poll() is None and not (metrics.is_file() and len(metrics.read_bytes().splitlines()) >= 3):
             time.sleep(0.05)
+        assert run.poll() is None, f"the run ended before it was part-way: {run.stderr.read()}"
         os.killpg(run.pid, signal.SIGSTOP)  # held part-way (the run and its kernel) until the page has shown it so:
         try:                                # the page must follow a running run on a machine of any speed, not catch it by luck
             t0 = time.monotonic()

@@ -22,10 +22,10 @@ __all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'run_windows', 'summarize', 'form
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
-    """Start / end window means of `key` in one run (the first and last `window` steps that logged it
-    as a finite number, as the report and
-    `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than 2 x window), and the
-    held-out accuracy at the first evaluation and averaged over the evaluations inside the end window."""
+    """Start / end window means of `key` in one run (the first and last `window` steps that logged it as a finite
+    number, as the report and `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than
+    2 x window), and the held-out accuracy at the first evaluation and averaged over the evaluations inside the
+    end window."""
     all_ms = read_metrics(run_dir)
     ms = [m for m in all_ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]  # NaN: e.g. degenerate returns
     if not ms:
