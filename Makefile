@@ -10,7 +10,8 @@ SEEDS ?= 3
 OUT ?= runs
 JOBS ?= 2
 STUDY ?= --family chain --ops +- --difficulty 1 --min-terms 2 --max-terms 4 --lr 2e-4
-# the CPU build of torch; elsewhere add e.g. TORCH_ARGS='--index-url <a CPU wheel index>'
+# the torch build: on PyPI alone torch 2.13.0 is a CUDA build (several GB); the CPU one is on PyTorch's CPU index:
+#   make install TORCH_ARGS='--index-url https://download.pytorch.org/whl/cpu'
 TORCH ?= torch==2.13.0
 TORCH_ARGS ?=
 BIN := $(VENV)/bin

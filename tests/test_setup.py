@@ -1,9 +1,12 @@
 """A new user's first commands: `make test` needs Chromium (installs it or names the command), browser tests
 never pass silently skipped under CI, what `make test` and `make study` run, and the licence files."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from conftest import CHROMIUM_INSTALL, browser_gate
 
@@ -87,6 +90,64 @@ def test_make_study_installs_once_then_runs_the_study(tmp_path):
     assert steps[1].startswith("install TORCH=torch==")  # the CPU build of torch
     study = steps[2].split()
     assert study[:2] == ["sao-repro", "compare"] and study[study.index("--seeds") + 1] == "3"
+
+
+def pypi_only_env():
+    "This environment as pip sees it on a machine with PyPI alone: no local wheel folder, no pip configuration."
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+@pytest.mark.slow
+def test_the_whole_install_set_resolves_where_pip_sees_only_pypi(tmp_path):
+    """What `make install` installs (torch, the package with its dev extra, AReaL's CPU pins) resolves against PyPI
+    alone, where torch 2.13.0 is a CUDA build with its own triton pin: `pip install --dry-run`, nothing installed."""
+    import json
+    import sys
+    reqs = (ROOT / "scripts" / "areal_cpu_requirements.txt").read_text().splitlines()
+    deps = tmp_path / "deps.txt"
+    deps.write_text("\n".join(l for l in reqs if "--no-deps" not in l) + "\n")
+    torch_pin = re.search(r"^TORCH \?= (\S+)", (ROOT / "Makefile").read_text(), re.M)[1]
+    report = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                        "--report", str(report), torch_pin, "-e", f"{ROOT}[dev]", "-r", str(deps)],
+                       env=pypi_only_env(), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert got["torch"] == torch_pin.split("==")[1]  # PyPI's build of the pinned torch, not another release
+    assert "areal" not in got  # installed last with --no-deps (its metadata asks for a CUDA stack)
+    for line in reqs:  # every pin is what gets installed
+        req = line.partition("#")[0].strip()
+        if "==" in req and "--no-deps" not in line:
+            name = re.split(r"[\[=]", req)[0].lower()
+            assert got[name] == req.split("==")[1], (req, got[name])
+
+
+def test_a_failed_install_is_retried_by_running_it_again(tmp_path):
+    """A pip that fails once (a network error mid-install): the script stops with pip's output and how to retry;
+    the same command again finishes, and it says which torch build it got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "pip").write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> {calls}\n'
+        f'if [[ "$*" == *"-r "* ]] && [ ! -e {tmp_path}/failed-once ]; then\n'
+        f'  touch {tmp_path}/failed-once; echo "Collecting transformers==5.3.0"; echo "ERROR: connection reset" >&2; exit 1\n'
+        "fi\n"
+        'echo "Collecting x"; echo "  Downloading x-1.0-py3-none-any.whl (1.2 MB)"; echo "Installing collected packages: x, y"\n')
+    (bin_dir / "python").write_text('#!/bin/bash\nif [ "$1" = - ]; then echo "    torch 2.13.0+cpu: the CPU build (0.8 GB on disk)"; fi\n')
+    for f in ("pip", "python"):
+        (bin_dir / f).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    first = subprocess.run(["bash", str(ROOT / "scripts" / "install_dev.sh")], env=env, capture_output=True, text=True)
+    assert first.returncode == 1
+    assert "ERROR: connection reset" in first.stderr and "run the same command again to retry" in first.stderr
+    assert "install [4/5]" in first.stdout and "install [5/5]" not in first.stdout
+    again = subprocess.run(["bash", str(ROOT / "scripts" / "install_dev.sh")], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "install done" in again.stdout and "the CPU build" in again.stdout
+    assert "downloading x-1.0-py3-none-any.whl (1.2 MB)" in again.stdout and "installing 2 package(s)" in again.stdout
 
 
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"  # apache.org/licenses/LICENSE-2.0.txt
