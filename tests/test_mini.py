@@ -300,7 +300,7 @@ def test_critic_init_from_an_earlier_run(tmp_path):
     "critic_init: the earlier run's critic weights are loaded, the source recorded in config.json; wrong shapes are refused."
     import sao_repro.mini.train as MT
     first = train_run(smoke_cfg("sao", tmp_path / "a", steps=3), log=None)
-    saved = torch.load(checkpoints(first)[-1], weights_only=False)["critic"]["model"]
+    saved = torch.load(checkpoints(first)[-1], weights_only=True)["critic"]["model"]
     tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "b", critic_init=str(first)), log=None)
     assert all(torch.equal(v, saved[k]) for k, v in tr.critic.model.state_dict().items())
     cold = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "c"), log=None)

@@ -24,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..safeload import load_state
+
 from .task import (
     CharTokenizer, TaskConfig, _apply, _chain_expr, chain_prompt_len, chain_steps, draw_chains, draw_expressions,
     encode_prompts, eval_problems, max_answer_len, response_reward, scratchpad, task_tokenizer)
@@ -381,5 +383,5 @@ def warm_start(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig, lo
             os.replace(d / "start.pt.tmp", d / "start.pt")
         fcntl.flock(lock, fcntl.LOCK_UN)
     model = PolicyModel(model_cfg)
-    model.load_state_dict(torch.load(d / "start.pt", weights_only=True))
+    model.load_state_dict(load_state(d / "start.pt", f"the warm-start cache {d}"))
     return model, json.loads((d / "meta.json").read_text())

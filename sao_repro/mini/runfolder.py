@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from ..safeload import load_state
 from ..runlog import log_event  # one events.log format for both backends
 from ..runlog import event_line_ok, parse_record, repair_lines, valid_step
 from .config import MiniRunConfig
@@ -118,7 +119,7 @@ def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | N
     "The newest checkpoint that loads; unreadable newer ones are renamed `*.unreadable` (kept) and logged (if `set_aside`)."
     for p in reversed(checkpoints(run_dir)):
         try:
-            sd = torch.load(p, weights_only=False)
+            sd = load_state(p, f"--resume: checkpoint {p.name}")  # tensors and plain containers only: no code runs
             if not isinstance(sd, dict) or not {"step", "policy", "config"} <= set(sd):
                 raise ValueError("not a checkpoint of this trainer")
             return p, sd

@@ -33,12 +33,14 @@ from .model import CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_
 from .rollout import PolicyHistory, collect, pick_lag
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
 from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
+from .critic_init import check_critic_init, critic_model, load_critic_init  # load_critic_init: re-exported
+from ..safeload import load_state
 from .runfolder import (
     RESUME_FREE, RUN_FILES, ConfigChangeError, NoCheckpointError, RunExistsError, check_fresh, check_resumable, checkpoints, clear_run, config_changes, eval_due,
     log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
 
 # %% auto #0
-__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'load_critic_init', 'train_run']
+__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
 
 # %% ../../nbs/30_mini.train.ipynb #056f18ad
 class NonFiniteError(RuntimeError):
@@ -71,7 +73,7 @@ class MiniTrainer:
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
         self.critic = None
         if self.setting.critic:
-            cm = _critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"])
+            cm = critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"])
             self.critic_source = load_critic_init(cm, cfg.critic_init) if cfg.critic_init else None
             self.critic = CriticTrainer(cm,
                                         lr=cfg.critic_lr, k_passes=self.setting.critic_k,
@@ -87,44 +89,6 @@ class MiniTrainer:
         self.step = 0
         self.eval_set = eval_problems(cfg.task())
         self.diag_band = dis_band()
-
-# %% ../../nbs/30_mini.train.ipynb #c23117b9
-def load_critic_init(model: torch.nn.Module, # the new run's critic
-                     path: str | Path, # a run folder (its last checkpoint), a checkpoint .pt, or a critic state_dict .pt
-                    ) -> dict:
-    "Load an earlier run's critic weights into `model` after checking every name and shape; returns the source record."
-    p = Path(path)
-    if p.is_dir():
-        found = checkpoints(p)
-        if not found:
-            raise FileNotFoundError(f"critic_init={path}: no checkpoints/step_*.pt in that run folder")
-        p = found[-1]
-    if not p.is_file():
-        raise FileNotFoundError(f"critic_init={path}: no such file or run folder")
-    sd = torch.load(p, weights_only=False, map_location="cpu")
-    step = sd.get("step") if isinstance(sd, dict) else None
-    if isinstance(sd, dict) and "critic" in sd:
-        if sd["critic"] is None:
-            raise ValueError(f"critic_init={path}: that run ({sd.get('config', {}).get('setting')}) has no critic")
-        sd = sd["critic"]["model"]
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    have = {k: tuple(v.shape) for k, v in sd.items()}
-    bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if bad:
-        raise ValueError(f"critic_init={path}: shapes differ from this run's critic at "
-                         + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8]))
-    model.load_state_dict(sd)
-    return {"path": str(p.resolve()), "step": step, "sha256": file_sha256(p)}
-
-# %% ../../nbs/30_mini.train.ipynb #a19ab33c
-def _critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) -> CriticModel:
-    "The critic network for `cfg` (policy-initialized unless `critic_width` differs from the policy's width)."
-    if cfg.critic_width is None or cfg.critic_width == policy.config.d_model:
-        return CriticModel.from_policy(policy, init_value=init_value)
-    critic = CriticModel(replace(policy.config, d_model=cfg.critic_width))
-    torch.nn.init.zeros_(critic.value_head.weight)
-    torch.nn.init.constant_(critic.value_head.bias, init_value)
-    return critic
 
 # %% ../../nbs/30_mini.train.ipynb #82dfe024
 @torch.no_grad()
@@ -317,7 +281,7 @@ def save(self: MiniTrainer, run_dir: Path) -> Path:
 @patch
 def load(self: MiniTrainer, path: Path | dict):
     "Restore everything a step depends on (from a checkpoint file or its loaded dict)."
-    sd = path if isinstance(path, dict) else torch.load(path, weights_only=False)
+    sd = path if isinstance(path, dict) else load_state(path, f"checkpoint {path}")
     self.step = sd["step"]
     self.policy.load_state_dict(sd["policy"])
     self.opt.load_state_dict(sd["opt"])
@@ -362,6 +326,7 @@ def train_run(cfg: MiniRunConfig, # the run
     run_dir = cfg.run_dir()
     if not resume:
         check_fresh(run_dir, overwrite)
+    check_critic_init(cfg)  # before the run folder is made or touched
     with lock_run_dir(run_dir, "run") as stale:  # one process per run folder; checks again under the lock
         return _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale)
 
