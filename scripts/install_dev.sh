@@ -40,7 +40,7 @@ pip_install() {
 
 # Which torch build is installed (CPU or CUDA) and its size on disk with the CUDA packages it pulled in.
 torch_build() {
-  python - "$CPU_INDEX" <<'PY'
+  PYTHONWARNINGS=ignore python - "$CPU_INDEX" <<'PY'
 import importlib.metadata as md, sys
 import torch
 def size(dist):
