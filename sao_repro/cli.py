@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +23,8 @@ from pathlib import Path
 from .checks import check_port, port_arg
 
 # %% auto #0
-__all__ = ['COMMANDS', 'LAB_FIRST', 'RUN_DIR_ENV', 'main', 'settings_main', 'lab_argv', 'Lab', 'start_lab', 'lab_main']
+__all__ = ['COMMANDS', 'LAB_FIRST', 'RUN_DIR_ENV', 'main', 'settings_main', 'lab_argv', 'lab_secrets', 'Lab', 'start_lab',
+           'lab_main']
 
 # %% ../nbs/90_cli.ipynb #05599bee
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -117,16 +119,26 @@ RUN_DIR_ENV = "SAO_RUN_DIR"  # the run folder experiments/explore_run.ipynb read
 
 def lab_argv(root, # the server's root folder (the repository)
              port:int, # port on 127.0.0.1 (not 0: pick one first)
-             token:str, # the access token
              open_path:str=LAB_FIRST, # notebook to open, relative to `root`
              browser:bool=False, # open it in the default web browser
             ) -> list[str]:
-    "The `python -m jupyterlab` command: loopback only, one port (no retry on another), no news or update look-ups."
+    """The `python -m jupyterlab` command: loopback only, one port (no retry on another), no news or update look-ups;
+    no token (it comes from `lab_secrets`' file, never the command line)."""
     return [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={int(port)}",
-            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+            "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
             f"--LabApp.default_url=/lab/tree/{open_path}", f"--ServerApp.open_browser={bool(browser)}",
             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             *(["--allow-root"] if os.name == "posix" and os.geteuid() == 0 else [])]  # e.g. in a container: loopback + token
+
+def lab_secrets(token:str, # the access token
+               ) -> tuple[Path, dict[str, str]]: # the private folder, and the environment the server needs
+    "A private runtime folder (0700) holding the token in a file (0600): the server's JUPYTER_TOKEN_FILE and runtime dir."
+    d = Path(tempfile.mkdtemp(prefix="sao_lab_"))  # mkdtemp makes it 0700: only its owner can list or read it
+    f = d / "token"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return d, {"JUPYTER_TOKEN_FILE": str(f), "JUPYTER_RUNTIME_DIR": str(d / "runtime")}
 
 # %% ../nbs/90_cli.ipynb #0eb5e3f6
 def _children(pid:int) -> list[int]:
@@ -148,6 +160,7 @@ class Lab:
     token: str
     open_path: str
     log: Path
+    secrets: Path | None = None  # the private folder of the token and Jupyter's runtime files (removed by stop)
 
     @property
     def url(self) -> str:
@@ -180,6 +193,8 @@ class Lab:
         for pid in kids + _children(self.proc.pid):  # a kernel left behind by a server that did not clean up
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self.secrets is not None:  # the token's file and Jupyter's runtime files holding it
+            shutil.rmtree(self.secrets, ignore_errors=True)
         return self.proc.returncode
 
     def __enter__(self): return self
@@ -207,14 +222,15 @@ def start_lab(root=None, # the server's root (default: the repository, `runconfi
         raise FileNotFoundError(f"{root / open_path} not found: give the repository root (a clone of sao-repro)")
     port = check_port(port) or _free_port()
     token = token or secrets.token_hex(24)
-    env = dict(os.environ)
+    private_dir, private = lab_secrets(token)
+    env = {**{k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}, **private}
     if run_dir is not None:
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     log = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="sao_lab_", suffix=".log")[1])
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(lab_argv(root, port, token, open_path, browser), cwd=root, env=env,
+        proc = subprocess.Popen(lab_argv(root, port, open_path, browser), cwd=root, env=env,
                                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    lab = Lab(proc, f"http://127.0.0.1:{port}", token, open_path, log)
+    lab = Lab(proc, f"http://127.0.0.1:{port}", token, open_path, log, private_dir)
     t0 = time.monotonic()
     while True:
         try:
@@ -253,8 +269,9 @@ def lab_main(argv:list[str]|None=None) -> int:
     try:
         return lab.proc.wait() or 0
     except KeyboardInterrupt:
-        lab.stop()
         return 0
+    finally:
+        lab.stop()  # the server, its kernels, and the files that hold the token
 
 # %% ../nbs/90_cli.ipynb #094aa1ed
 if __name__ == "__main__":
