@@ -6,6 +6,7 @@ The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,3 +239,60 @@ def test_monitor_page_shows_a_starved_critic_flag(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+AXES_JS = """() => [...document.querySelectorAll('#charts .chart')].map(box => {
+  const r = e => { const b = e.getBoundingClientRect(); return {l: b.left, r: b.right, t: b.top, b: b.bottom, w: b.width, h: b.height}; };
+  const ink = e => { const g = document.createRange(); g.selectNodeContents(e); return r(g); };  // where the text itself is
+  const c = box.querySelector('canvas'), x = box.querySelector('.axis-x'), y = box.querySelector('.axis-y');
+  const seen = e => e && getComputedStyle(e).visibility === 'visible' && getComputedStyle(e).display !== 'none' && +getComputedStyle(e).opacity > 0;
+  return {metric: c.dataset.metric, points: +c.dataset.points, canvas: r(c), title: r(box.querySelector('h2')),
+          x: x && {text: x.textContent, box: ink(x), seen: seen(x), font: parseFloat(getComputedStyle(x).fontSize),
+                   color: getComputedStyle(x).color},
+          y: y && {text: y.textContent, box: ink(y), seen: seen(y), font: parseFloat(getComputedStyle(y).fontSize),
+                   color: getComputedStyle(y).color}};
+})"""
+
+
+def _apart(a, b):
+    "Two boxes that do not overlap."
+    return a["r"] <= b["l"] + 0.5 or b["r"] <= a["l"] + 0.5 or a["b"] <= b["t"] + 0.5 or b["b"] <= a["t"] + 0.5
+
+
+@pytest.mark.parametrize("width", [1400, 700])
+def test_every_chart_names_its_axes(tmp_path, width):
+    "Each chart has an x-axis title (training step) and a y-axis title with its unit, shown as text beside the plot."
+    from sao_repro.monitor.page import CHARTS
+    logs = tmp_path / "runs"
+    logs.mkdir()
+    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
+                    "--steps", "30", "--interval", "0"], check=True)
+    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
+    try:
+        with open_page(width, 1500) as chrome:
+            chrome.goto(srv.url)
+            wait_for(chrome, lambda s: s["points"].get("acc", 0) == 60, 30, "both runs' accuracy")
+            charts = chrome.evaluate(AXES_JS)
+            shot = chrome.screenshot(full_page=True)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"monitor_axes_{width}.png").write_bytes(shot)
+    assert [c["metric"] for c in charts] == [s["metric"] for s in CHARTS]
+    for c, spec in zip(charts, CHARTS):
+        x, y, plot = c["x"], c["y"], c["canvas"]
+        assert c["points"] > 0, c["metric"]  # a chart with its data drawn
+        assert x and y, f"{c['metric']}: an axis title is missing"
+        assert x["text"] == spec["xlabel"] == "training step"
+        assert y["text"] == spec["ylabel"] and re.search(r"\(.+\)$", y["text"]), y["text"]  # the unit, in brackets
+        for t in (x, y):
+            assert t["seen"] and t["font"] >= 11 and t["color"] != "rgb(255, 255, 255)", (c["metric"], t)
+        assert x["box"]["w"] > 3 * x["box"]["h"] > 20, (c["metric"], x["box"])  # a line of text across ...
+        assert y["box"]["h"] > 3 * y["box"]["w"] > 20, (c["metric"], y["box"])  # ... and one turned upright
+        # x below the plot, within its width; y left of it, turned (taller than wide), within its height
+        assert x["box"]["t"] >= plot["b"] - 0.5 and plot["l"] - 0.5 <= x["box"]["l"] and x["box"]["r"] <= plot["r"] + 0.5
+        assert y["box"]["r"] <= plot["l"] + 0.5, (c["metric"], y["box"], plot)
+        assert plot["t"] - 0.5 <= y["box"]["t"] and y["box"]["b"] <= plot["b"] + 0.5, (c["metric"], y["box"], plot)
+        boxes = [plot, x["box"], y["box"], c["title"]]
+        assert all(_apart(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), c["metric"]  # nothing drawn over

@@ -84,3 +84,31 @@ def test_readme_is_short_and_everything_it_names_exists():
         assert r.returncode == 0, (t, r.stderr)
     from sao_repro.report.layout import layer_table
     assert layer_table(ROOT) in readme  # the layer table, generated from the tree, its links from the repository root
+
+
+def _code_lines(md:str) -> list[str]:
+    "The lines of the markdown's code blocks: fenced (``` or ~~~) and indented by four spaces."
+    out, fence = [], None
+    for line in md.splitlines():
+        m = re.match(r"\s*(```|~~~)", line)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is not None:
+            out.append(line)
+        elif line.startswith("    "):
+            out.append(line[4:])
+    return out
+
+
+def test_readme_shows_shell_lines_as_shell_commands():
+    "A notebook's `!cmd` cell is in the README as `cmd` in a bash block (the notebook still runs it), its output below."
+    readme = (ROOT / "README.md").read_text()
+    nb = json.loads((ROOT / D.README_NB).read_text())
+    shell = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("!")]
+    assert shell, "the index notebook runs a command with a ! line"
+    assert not [l for l in _code_lines(readme) if l.lstrip().startswith("!")]
+    for src in shell:
+        assert f"```bash\n{src[1:].strip()}\n```\n\n    " in readme  # the command, then its output
+    assert _code_lines("```\n!x\n```\n\n    !y\n") == ["!x", "!y"]  # the check sees both kinds of block

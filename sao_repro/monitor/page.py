@@ -14,17 +14,21 @@ from urllib.parse import quote
 from ..settings import SETTING_COLORS
 
 # %% auto #0
-__all__ = ['CHARTS', 'PAGE', 'STATIC_DIR', 'JS', 'CSS', 'STATIC', 'SMOOTH_STEPS', 'static_text', 'render_page']
+__all__ = ['STEP', 'CHARTS', 'PAGE', 'STATIC_DIR', 'JS', 'CSS', 'STATIC', 'SMOOTH_STEPS', 'static_text', 'render_page']
 
 # %% ../../nbs/66_monitor.page.ipynb #60759f66
+STEP = "training step"  # every chart's x axis: the trainer's step (one policy update per step)
 CHARTS = [
-    {"metric": "acc", "title": "Online accuracy (correct / graded)"},
-    {"metric": "reward/mean", "title": "Reward (mean)"},
-    {"metric": "dis/kept_frac", "title": "DIS kept fraction"},
-    {"metric": "dis/masked_frac", "title": "DIS masked fraction (below + above)"},
-    {"metric": "critic/explained_var", "title": "Critic explained variance"},
-    {"metric": "rollout/resp_len", "title": "Response length (tokens)"},
-    {"metric": "rollout/policy_lag", "title": "Policy lag (versions)"},
+    {"metric": "acc", "title": "Online accuracy (correct / graded)", "xlabel": STEP,
+     "ylabel": "accuracy (fraction correct)"},
+    {"metric": "reward/mean", "title": "Reward (mean)", "xlabel": STEP, "ylabel": "reward (mean, 1 = correct)"},
+    {"metric": "dis/kept_frac", "title": "DIS kept fraction", "xlabel": STEP, "ylabel": "kept (fraction of tokens)"},
+    {"metric": "dis/masked_frac", "title": "DIS masked fraction (below + above)", "xlabel": STEP,
+     "ylabel": "masked (fraction of tokens)"},
+    {"metric": "critic/explained_var", "title": "Critic explained variance", "xlabel": STEP,
+     "ylabel": "explained variance (1 = exact)"},
+    {"metric": "rollout/resp_len", "title": "Response length (tokens)", "xlabel": STEP, "ylabel": "response length (tokens)"},
+    {"metric": "rollout/policy_lag", "title": "Policy lag (versions)", "xlabel": STEP, "ylabel": "policy lag (versions)"},
 ]
 
 PAGE = """<!doctype html>

@@ -15,15 +15,17 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 import yaml
 from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
 from .layout import doc_sections
+from .pages import page_title, shell_cells, tidy_doc_nb
 
 # %% auto #0
 __all__ = ['CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site',
-           'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'process_docs',
-           'tidy_doc_nb', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs',
+           'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'nbdev_notes',
+           'process_docs', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs',
            'readme_markdown', 'run_index', 'write_readme', 'readme_problems', 'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
@@ -109,6 +111,19 @@ def check_quarto_yml(root=".") -> list[str]:
 class DocsError(RuntimeError):
     "The docs site cannot be built as it should be (a notebook failed to process, no pandoc for its maths)."
 
+def nbdev_notes(caught:list, nbs:Path) -> list[str]:
+    "One line per warning nbdev gave (`warnings.WarningMessage`s), naming the notebook and cell it quotes, if any."
+    cells = [(f"{p.name} cell {i}", "".join(c.get("source", ""))) for p in sorted(Path(nbs).glob("*.ipynb"))
+             for i, c in enumerate(json.loads(p.read_text(encoding="utf-8")).get("cells", []))]
+    out = []
+    for w in caught:
+        head, _, quoted = str(w.message).partition("\n---\n")
+        quoted = quoted.rpartition("\n---")[0].strip()
+        where = next((name for name, src in cells if quoted and quoted in src), None)
+        out.append(f"docs: nbdev: {where + ': ' if where else ''}{' '.join(head.split())}"
+                   + (f" (cell {quoted.splitlines()[0][:60]!r})" if quoted and not where else ""))
+    return list(dict.fromkeys(out))
+
 def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
                  names:list[str]|None=None, # notebook file names to process (default: all)
                  log=print) -> dict[str, Path]:
@@ -116,47 +131,14 @@ def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
     from nbdev.serve import proc_nbs
     nbs = Path(root, "nbs").resolve()
     pat = "|".join(fnmatch.translate(n) for n in names) if names else ""
-    try:
-        cache = proc_nbs(str(nbs), n_workers=0, file_re=pat)
-    except Exception as e:  # a page shown unprocessed would hide the failure: stop the build instead
-        raise DocsError(f"nbdev processing failed ({type(e).__name__}: {e})") from e
+    with warnings.catch_warnings(record=True) as caught:  # nbdev's warnings are blocks quoting a cell: one line each
+        try:
+            cache = proc_nbs(str(nbs), n_workers=0, file_re=pat)
+        except Exception as e:  # a page shown unprocessed would hide the failure: stop the build instead
+            raise DocsError(f"nbdev processing failed ({type(e).__name__}: {e})") from e
+    for line in nbdev_notes(caught, nbs):
+        log(line)
     return {p.name: p for p in cache.glob("*.ipynb") if not names or p.name in names}
-
-# %% ../../nbs/75_report.docs.ipynb #ee87aff4
-def _front_matter(nb) -> dict:
-    "YAML front matter of a processed notebook's first raw cell (title, description, output-file)."
-    for c in nb.cells[:2]:
-        if c.cell_type == "raw" and c.source.strip().startswith("---"):
-            try:
-                return yaml.safe_load(c.source.strip().strip("-")) or {}
-            except yaml.YAMLError:
-                return {}
-    return {}
-
-def _directives(src:str) -> dict:
-    return dict((m.group(1), m.group(2).strip()) for m in re.finditer(r"^#\|\s*([\w-]+):?\s*(.*)$", src, flags=re.M))
-
-def tidy_doc_nb(nb):
-    "Turn front matter into a title cell, hide `echo: false` inputs, drop `#|` lines and `include: false` cells."
-    import nbformat
-    fm = _front_matter(nb)
-    cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.strip().startswith("---"))]
-    head = [nbformat.v4.new_markdown_cell(f"# {fm['title']}\n\n*{fm.get('description', '')}*")] if fm.get("title") else []
-    out = []
-    for c in cells:
-        c.metadata = {k: v for k, v in c.metadata.items() if k == "tags"}
-        if c.cell_type == "code":
-            d = _directives(c.source)
-            if d.get("include") == "false":
-                continue
-            c.source = re.sub(r"^#\|.*\n?", "", c.source, flags=re.M).strip()
-            if d.get("echo") == "false":
-                c.metadata.setdefault("tags", []).append("remove_input")
-            if not c.source and not c.get("outputs"):
-                continue
-        out.append(c)
-    nb.cells = head + out
-    return nb, fm
 
 # %% ../../nbs/75_report.docs.ipynb #13449576
 CURRENT = ' aria-current="page"'
@@ -291,18 +273,18 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     for src in srcs:
         nb, fm = tidy_doc_nb(nbformat.read(str(done.get(src.name, src)), as_version=4))
         name = "index.html" if src == idx else fm.get("output-file") or src.stem + ".html"
-        heads = [m.group(1) for c in nb.cells if c.cell_type == "markdown" for m in [re.match(r"#\s+(.+)", c.source)] if m]
-        titles[src.relative_to(root).as_posix()] = ("Home" if src == idx else fm.get("title") or (heads[0] if heads else src.stem),
-                                                    name)
-        docs.append((nb, name))
+        nb.metadata["title"] = page_title(nb, fm, src.stem)  # nbconvert's <title>
+        titles[src.relative_to(root).as_posix()] = ("Home" if src == idx else nb.metadata["title"], name)
+        docs.append((nb, name, src.name))
     report_html = Path(report_html) if report_html else root/"_report"/f"{REPORT_NAME}.html"
     sections = [("Docs", [titles["nbs/index.ipynb"]] if "nbs/index.ipynb" in titles else [])]
     sections += [(sec, [titles[nb] for nb in files if nb in titles]) for sec, files in doc_sections(root)]
     sections.append(("Results", [("MATH-hard report", f"{REPORT_NAME}.html")]))
     sections = [(s, links) for s, links in sections if links]
-    names = {Path(n).stem for _, n in docs}
-    written = []
-    for nb, name in docs:
+    names = {Path(n).stem for _, n, _ in docs}
+    written, n = [], len(docs) + 1  # the notebooks' pages and the report's
+    for k, (nb, name, src_name) in enumerate(docs, 1):
+        log(f"docs [{k}/{n}] {src_name} -> {name}")
         slots = {}  # inline MathML goes in after nbconvert, which would split its tags apart
         nbformat.write(mathml_nb(_html_links(nb, names), slots), str(work/"page.ipynb"))
         page = fill_maths(notebook_to_html(work/"page.ipynb", out/name, exclude_input=False, nav=_nav(sections, name)), slots)
@@ -311,11 +293,12 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
             raise DocsError(f"{page}: HTML would load from the network: {bad[:3]}")
         written.append(page)
     nav = _nav(sections, f"{REPORT_NAME}.html")
+    log(f"docs [{n}/{n}] {report_html.name if report_html.exists() else 'report (not built yet)'} -> {REPORT_NAME}.html")
     if report_html.exists():
         page = report_html.read_text(encoding="utf-8")
         page = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, page, count=1)
     else:
-        page = (f"<html><body>{nav}<h1>MATH-hard report</h1><p>Not built yet: run <code>sao-repro report --runs runs "
+        page = (f"<html><head><title>MATH-hard report</title></head><body>{nav}<h1>MATH-hard report</h1><p>Not built yet: run <code>sao-repro report --runs runs "
                 f"--out _report</code>, then <code>sao-repro docs</code> again.</p></body></html>")
     (out/f"{REPORT_NAME}.html").write_text(page, encoding="utf-8")
     written.append(out/f"{REPORT_NAME}.html")
@@ -340,6 +323,7 @@ def readme_markdown(root=".") -> str:
     from nbconvert import MarkdownExporter
     from traitlets.config import Config
     nb, _ = tidy_doc_nb(nbformat.read(str(Path(root, README_NB)), as_version=4))
+    shell_cells(nb)  # `!cmd` as the shell command it is
     cfg = Config()
     cfg.TagRemovePreprocessor.enabled = True
     cfg.TagRemovePreprocessor.remove_input_tags = {"remove_input"}

@@ -1,4 +1,4 @@
-// The monitor page's script, served as /static/monitor.js (nbs/56_monitor_page.ipynb describes the page).
+// The monitor page's script, served as /static/monitor.js (nbs/66_monitor.page.ipynb describes the page).
 "use strict";
 const SPEC = JSON.parse(document.getElementById("chart-spec").textContent);
 const KEY = new URLSearchParams(location.search).get("key");
@@ -78,12 +78,16 @@ function niceTicks(lo, hi, n) {
   return ticks;
 }
 function makeChart(spec) {
-  const box = el("div", "chart");
+  // the axis titles are text beside the canvas (y turned to read upwards, x below), so they are never drawn over
+  const box = el("div", "chart"), plot = el("div", "plot");
   box.append(el("h2", "", spec.title));
   const c = el("canvas");
   c.dataset.metric = spec.metric;
   c.dataset.points = "0";
-  box.append(c);
+  c.setAttribute("role", "img");
+  c.setAttribute("aria-label", spec.title + ": " + spec.ylabel + " against " + spec.xlabel);
+  plot.append(el("div", "axis-title axis-y", spec.ylabel), c, el("div", "axis-title axis-x", spec.xlabel));
+  box.append(plot);
   document.getElementById("charts").append(box);
   return c;
 }
