@@ -29,6 +29,9 @@ CHARTS = [
      "ylabel": "explained variance (1 = exact)"},
     {"metric": "rollout/resp_len", "title": "Response length (tokens)", "xlabel": STEP, "ylabel": "response length (tokens)"},
     {"metric": "rollout/policy_lag", "title": "Policy lag (versions)", "xlabel": STEP, "ylabel": "policy lag (versions)"},
+    {"metric": "mismatch/k3_kl", "title": "Engine mismatch: k3 KL on the trainer's version", "xlabel": STEP,
+     "ylabel": "k3 KL (nats per token)"},
+    {"metric": "mismatch/lag_max", "title": "Token lag, max (versions)", "xlabel": STEP, "ylabel": "lag (versions)"},
 ]
 
 PAGE = """<!doctype html>
