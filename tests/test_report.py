@@ -286,6 +286,8 @@ def test_sweep_findings_section(runs, tmp_path):
     for prose in SWEEPS_PROSE:  # the prose about sweeps is there when sweeps are given
         assert prose in html, prose
     assert "No sweeps in this build" not in html
+    if R.find_chromium():  # the default made the PDF too: its sweep tables read in whole words
+        assert not broken_words(html, out / "math_hard_report.pdf")
     assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
     import matplotlib
@@ -517,10 +519,18 @@ def html_text(html):
 
 
 def table_words(html):
-    "The words in the report's table cells and headers."
+    "The words in the cells and headers of the report's tables (those it computes: each has an id)."
     import html as H
-    return {w for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", html.split("</style>")[-1], flags=re.S)
+    tables = re.findall(r"<table[^>]*\bid=[^>]*>(.*?)</table>", html.split("</style>")[-1], flags=re.S)
+    return {w for t in tables for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", t, flags=re.S)
             for w in words(H.unescape(re.sub(r"<[^>]+>", " ", c)))}
+
+
+def broken_words(html, pdf):
+    "The table words fewer times whole in the PDF's text than on the page: {word: (on the page, in the PDF)}."
+    from collections import Counter
+    in_pdf, in_html = Counter(words(" ".join(pdf_pages(pdf)))), Counter(words(html_text(html)))
+    return {w: (in_html[w], in_pdf[w]) for w in table_words(html) if len(w) > 1 and in_pdf[w] < in_html[w]}
 
 
 def page_ink_bottoms(pdf, out_dir, dpi=40):
@@ -556,14 +566,12 @@ def test_default_format_makes_a_pdf(rendered):
 @pytest.mark.browser
 def test_pdf_reads_in_whole_words(rendered, runs):
     "No table breaks a word: every word of every table cell and header is as often whole in the PDF's text as on the page."
-    from collections import Counter
     html = (rendered / "math_hard_report.html").read_text()
     text = " ".join(pdf_pages(rendered / "math_hard_report.pdf"))
-    in_pdf, in_html = Counter(words(text)), Counter(words(html_text(html)))
     paths = {f"mini/{s}/seed{k}" for s in SETTINGS for k in SEEDS}
     names = set(R.design_table().setting)  # every setting name of the registry's comparison (the design table's rows)
     assert names | paths | {"running_mean", "batch_norm", "flags", "seed"} <= table_words(html)  # what the check covers
-    broken = {w: (in_html[w], in_pdf[w]) for w in table_words(html) if len(w) > 1 and in_pdf[w] < in_html[w]}
+    broken = broken_words(html, rendered / "math_hard_report.pdf")
     assert not broken, f"words broken in the PDF (on the page, whole in the PDF): {broken}"
     for w in names | paths:
         assert re.search(rf"(?<!\S){re.escape(w)}(?!\S)", text), w

@@ -54,7 +54,8 @@ details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-
   .jp-OutputArea-child:has(img) { break-after: avoid-page; }
   /* tables size their columns to their content, break between rows (header repeated), never inside a word */
   .jp-RenderedHTMLCommon table { font-size: 8.5px; width: 100%; max-width: 100%; table-layout: auto !important; break-inside: auto; }
-  .jp-RenderedHTMLCommon table:has(th:nth-child(12)) { font-size: 7px; }
+  .jp-RenderedHTMLCommon table:has(th:nth-child(10)) { font-size: 7px; }  /* 10 columns or more: smaller, so whole words fit */
+  .jp-RenderedHTMLCommon table:has(th:nth-child(14)) { font-size: 6px; }
   .jp-RenderedHTMLCommon tr { break-inside: avoid; }
   .jp-RenderedHTMLCommon thead { display: table-header-group; }
   .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .jp-RenderedHTMLCommon td code {
