@@ -61,7 +61,7 @@ details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-
   .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .jp-RenderedHTMLCommon td code {
     white-space: normal; overflow-wrap: normal; word-break: normal; hyphens: none; padding: 2px 4px; }
   p, li { orphans: 2; widows: 2; }
-  code, pre { white-space: pre-wrap !important; overflow-wrap: break-word; }
+  code, pre { white-space: pre-wrap !important; overflow-wrap: break-word; word-break: normal !important; }  /* lab breaks output <pre> anywhere */
 }
 """
 
