@@ -38,12 +38,11 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rendered(runs, tmp_path_factory):
-    "The report rendered once through the CLI function (html, plus pdf when Chromium is present), relative paths."
+    "The report rendered once through the CLI function with the default formats (html, plus pdf when Chromium is present)."
     out = tmp_path_factory.mktemp("report")
-    fmt = "html,pdf" if R.find_chromium() else "html"
     with pytest.MonkeyPatch.context() as mp:  # from the folder holding the runs, with relative paths as a user types them
         mp.chdir(runs.parent)
-        assert R.report_main(["--runs", runs.name, "--out", out.name, "--format", fmt, "--engine", "nbconvert"]) == 0
+        assert R.report_main(["--runs", runs.name, "--out", out.name, "--engine", "nbconvert"]) == 0
     return out
 
 
@@ -220,7 +219,7 @@ def test_report_notebook_has_a_literal_parameters_cell():
     assert len(cells) == 1
     src = "".join(cells[0]["source"])
     names = {l.split("=")[0].strip() for l in src.splitlines() if "=" in l}
-    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command"}
+    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command", "sweeps_dir", "sweeps_label"}
 
 
 @pytest.mark.slow
@@ -284,6 +283,11 @@ def test_sweep_findings_section(runs, tmp_path):
     assert rows["GRPO collapses"][3] == R.fmt_ci(statistics.mean(drop), T975[1] * statistics.stdev(drop) / math.sqrt(2))
     assert rows["SAO above GRPO"][6] in ("reproduced", "opposite", "not resolved")  # the online verdict column
     html = (out / "math_hard_report.html").read_text()  # the sweep's figure: its one point's seed means, banded
+    for prose in SWEEPS_PROSE:  # the prose about sweeps is there when sweeps are given
+        assert prose in html, prose
+    assert "No sweeps in this build" not in html
+    if R.find_chromium():  # the default made the PDF too: its sweep tables read in whole words
+        assert not broken_words(html, out / "math_hard_report.pdf")
     assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
     import matplotlib
@@ -497,3 +501,171 @@ def test_mismatch_table_per_setting_from_the_metrics(rendered, runs):
         assert rows[s]["lag max"] == f"{mine[mine.metric == 'mismatch/lag_max'].value.max():.3f}" == "3.000"
         k3 = mine[mine.metric == "mismatch/k3_kl"].value
         assert rows[s]["measured"] == f"{len(k3)} / {STEPS * len(SEEDS)}" and len(k3) == len(SEEDS)  # lag 0 at step 1 only
+
+
+# The PDF as a reader meets it: its text (pdftotext) in whole words, its pages (pdftoppm) without half-blank pages or
+# headings left at a page's foot; the formats made with and without Chromium.
+
+SWEEPS_PROSE = ("Findings so far: what the testbed reproduces of the reference study",
+                "Each phenomenon of the reference study")
+
+
+def pdf_pages(pdf):
+    "The text of each page of `pdf` (pdftotext, reading order)."
+    import subprocess
+    info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True, check=True).stdout
+    n = int(re.search(r"^Pages:\s+(\d+)", info, flags=re.M).group(1))
+    return [subprocess.run(["pdftotext", "-f", str(i), "-l", str(i), str(pdf), "-"], capture_output=True, text=True,
+                           check=True).stdout for i in range(1, n + 1)]
+
+
+def words(text):
+    "The words of a text: runs of letters, digits and `_ / . =` holding a letter (a compound broken at its own hyphen, which pdftotext joins, counts whole)."
+    text = re.sub(r"(?<=\w)-(?=\w)", "", text)
+    return re.findall(r"[A-Za-z0-9_/.=]*[A-Za-z][A-Za-z0-9_/.=]*", text)
+
+
+def html_text(html):
+    "The text a printed page of the report shows: the body without styles and the folded <details> blocks."
+    import html as H
+    body = html.split("</style>")[-1]
+    body = re.sub(r"<details>.*?</details>", " ", body, flags=re.S)
+    return H.unescape(re.sub(r"<[^>]+>", " ", body)).replace("\u00b6", " ")
+
+
+def table_words(html):
+    "The words in the cells and headers of the report's tables (those it computes: each has an id)."
+    import html as H
+    tables = re.findall(r"<table[^>]*\bid=[^>]*>(.*?)</table>", html.split("</style>")[-1], flags=re.S)
+    return {w for t in tables for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", t, flags=re.S)
+            for w in words(H.unescape(re.sub(r"<[^>]+>", " ", c)))}
+
+
+def broken_words(html, pdf):
+    "The table words fewer times whole in the PDF's text than on the page: {word: (on the page, in the PDF)}."
+    from collections import Counter
+    in_pdf, in_html = Counter(words(" ".join(pdf_pages(pdf)))), Counter(words(html_text(html)))
+    return {w: (in_html[w], in_pdf[w]) for w in table_words(html) if len(w) > 1 and in_pdf[w] < in_html[w]}
+
+
+def page_ink_bottoms(pdf, out_dir, dpi=40):
+    "Per page, how far down its lowest non-white pixel row lies (0 = a blank page, 1 = the bottom edge)."
+    import subprocess
+    from PIL import Image
+    subprocess.run(["pdftoppm", "-r", str(dpi), "-gray", "-png", str(pdf), str(out_dir / "ink")], check=True)
+    res = []
+    for p in sorted(out_dir.glob("ink-*.png")):
+        im = Image.open(p).convert("L")
+        rows = [y for y in range(im.height) if im.crop((0, y, im.width, y + 1)).getextrema()[0] < 200]
+        res.append((max(rows) + 1) / im.height if rows else 0.0)
+    return res
+
+
+def heading_blocks(html, executed_nb):
+    "The word lists a page must not end with: each heading, and each markdown cell led by a heading (the heading with its intro)."
+    import html as H
+    heads = [words(H.unescape(re.sub(r"<[^>]+>", " ", h)).replace("\u00b6", " "))
+             for h in re.findall(r"<h[1-6][^>]*>(.*?)</h[1-6]>", html.split("</style>")[-1], flags=re.S)]
+    cells = json.loads(Path(executed_nb).read_text())["cells"]
+    intros = [words("".join(c["source"])) for c in cells if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")]
+    return [b for b in heads + intros if b]
+
+
+@pytest.mark.browser
+def test_default_format_makes_a_pdf(rendered):
+    "`sao-repro report` without --format (the README's command) writes the PDF beside the HTML where Chromium is."
+    pdf = rendered / "math_hard_report.pdf"
+    assert pdf.read_bytes()[:5] == b"%PDF-"
+
+
+@pytest.mark.browser
+def test_pdf_reads_in_whole_words(rendered, runs):
+    "No table breaks a word: every word of every table cell and header is as often whole in the PDF's text as on the page."
+    html = (rendered / "math_hard_report.html").read_text()
+    text = " ".join(pdf_pages(rendered / "math_hard_report.pdf"))
+    paths = {f"mini/{s}/seed{k}" for s in SETTINGS for k in SEEDS}
+    names = set(R.design_table().setting)  # every setting name of the registry's comparison (the design table's rows)
+    assert names | paths | {"running_mean", "batch_norm", "flags", "seed"} <= table_words(html)  # what the check covers
+    broken = broken_words(html, rendered / "math_hard_report.pdf")
+    assert not broken, f"words broken in the PDF (on the page, whole in the PDF): {broken}"
+    for w in names | paths:
+        assert re.search(rf"(?<!\S){re.escape(w)}(?!\S)", text), w
+    assert not re.search(r"running_\s+mean|advantag\s+e|mini/grp\s+o/", text)
+
+
+@pytest.mark.browser
+def test_pdf_pages_are_full_and_keep_headings_with_what_follows(rendered, tmp_path):
+    "No page but the last is half blank (its lowest ink below the middle); no page ends with a heading, or a heading and its intro."
+    pdf = rendered / "math_hard_report.pdf"
+    bottoms = page_ink_bottoms(pdf, tmp_path)
+    pages = pdf_pages(pdf)
+    assert len(bottoms) == len(pages) >= 3
+    assert all(b >= 0.5 for b in bottoms[:-1]), f"a page left half blank (lowest ink per page, 1 = its foot): {bottoms}"
+    blocks = heading_blocks((rendered / "math_hard_report.html").read_text(), rendered / "math_hard_report.ipynb")
+    assert len(blocks) >= 8
+    for i, page in enumerate(pages[:-1], 1):
+        ws = words(page)
+        for b in blocks:
+            assert ws[-len(b):] != b, f"page {i} ends with {' '.join(b)!r}; its content is on the next page"
+
+
+@pytest.mark.browser
+def test_pdf_has_no_sweeps_prose_without_sweeps(rendered):
+    "Without --sweeps the findings section says there are none, and none of the prose about sweeps is printed."
+    text = re.sub(r"\s+", " ", " ".join(pdf_pages(rendered / "math_hard_report.pdf")))
+    html = (rendered / "math_hard_report.html").read_text()
+    assert "No sweeps in this build" in text
+    for prose in SWEEPS_PROSE:
+        assert prose not in text and prose not in html, prose
+
+
+def test_explicit_pdf_without_chromium_is_an_error(runs, tmp_path, monkeypatch, capsys):
+    "--format pdf (or html,pdf) where Chromium is missing: exit 1, a message naming Chromium and its install, nothing built."
+    from sao_repro.cli import main
+    monkeypatch.setenv("CHROMIUM", str(tmp_path / "no-such-chrome"))  # the binary the report would use: none
+    for fmt in ("pdf", "html,pdf"):
+        assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--format", fmt]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Chromium" in err and "apt-get install -y chromium" in err, err
+    assert not (tmp_path / "out").exists()
+    assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--screenshot", str(tmp_path / "s.png")]) == 1
+    assert "Chromium" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def healthy(runs, tmp_path_factory):
+    "grpo runs only (no SAO health flag can be set), reported by default where Chromium is missing: (out folder, stdout, exit code)."
+    import contextlib
+    import io
+    import shutil
+    root = tmp_path_factory.mktemp("healthy")
+    shutil.copytree(runs / "mini" / "grpo", root / "runs" / "mini" / "grpo")
+    buf = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buf):
+        mp.chdir(root)
+        mp.setenv("CHROMIUM", str(root / "no-such-chrome"))
+        rc = R.report_main(["--runs", "runs", "--out", "out", "--engine", "nbconvert"])
+    return root, buf.getvalue(), rc
+
+
+def test_default_without_chromium_writes_html_and_a_note(healthy):
+    "No Chromium: the default is the HTML alone, exit 0, and one line saying the PDF was skipped and how to install Chromium."
+    root, out, rc = healthy
+    assert rc == 0
+    assert (root / "out" / "math_hard_report.html").exists() and not (root / "out" / "math_hard_report.pdf").exists()
+    notes = [l for l in out.splitlines() if "PDF" in l]
+    assert len(notes) == 1 and notes[0].startswith("report: PDF skipped:") and "apt-get install -y chromium" in notes[0], out
+    rows = table((root / "out" / "math_hard_report.html").read_text(), "health-table")
+    assert rows == [{"run": "none"}]  # the header, then one row saying none
+
+
+@pytest.mark.browser
+def test_empty_table_says_none_in_the_pdf(healthy, monkeypatch, capsys, tmp_path):
+    "The same report where Chromium is: the HTML is reused and printed; the empty health-flag table reads `none`."
+    root, _, _ = healthy
+    monkeypatch.chdir(root)
+    assert R.report_main(["--runs", "runs", "--out", "out", "--engine", "nbconvert"]) == 0
+    assert "inputs unchanged, reused" in capsys.readouterr().out
+    text = " ".join(pdf_pages(root / "out" / "math_hard_report.pdf"))
+    assert re.search(r"Health flags.*?\brun\s+setting\s+seed\s+flags\s+none\b", text, flags=re.S), text
+    assert all(b >= 0.5 for b in page_ink_bottoms(root / "out" / "math_hard_report.pdf", tmp_path)[:-1])

@@ -21,13 +21,13 @@ from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
 from .tables import (
     REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
-    numbers_table, reference_table, run_summary, health_table, mismatch_table)
+    numbers_table, reference_table, run_summary, health_table, mismatch_table, table_html)
 from .text import (
     display_path, html_id, md_code, provenance, report_base, report_title, runs_block, runs_commands, runs_using, testbed_limits)
 from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep
 from .render import (
-    REPORT_NAME, REPORT_NB, find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html, offline_violations,
-    quarto_html, screenshot, set_notebook_title, shrink_png)
+    CHROMIUM_INSTALL, REPORT_FORMATS, REPORT_NAME, REPORT_NB, chromium_missing, find_chromium, html_to_pdf, image_stats,
+    is_blank, notebook_to_html, offline_violations, quarto_html, report_formats, screenshot, set_notebook_title, shrink_png)
 from .docs import build_docs, check_quarto_yml, quarto_files as _yml_files
 
 # %% auto #0
@@ -88,7 +88,7 @@ def sweep_result_files(sweeps) -> list[Path]:
 # %% ../../nbs/76_report.ipynb #6b20751e
 def render_report(runs="runs", # runs folder
                   out="_report", # output folder
-                  formats=("html",), # "html" and/or "pdf"
+                  formats=None, # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where headless Chromium is found
                   force:bool=False, # re-execute even when the inputs are unchanged
                   notebook=None, # report notebook (default report/math_hard_report.ipynb)
                   start_steps:int=50, end_steps:int=50, smooth_steps:int=10,
@@ -97,6 +97,7 @@ def render_report(runs="runs", # runs folder
                   sweeps=None, # folder of `sao-repro sweep` outputs (<sweeps>/<name>/results.json) for the findings section
                   log=print) -> dict:
     "Build the report from `runs` into `out`; returns the output paths and whether they were reused."
+    formats, note = report_formats(formats)  # a PDF asked for without Chromium fails here, before anything is built
     runs, out = Path(runs), Path(out)
     nb = Path(notebook) if notebook else find_report_notebook()
     if load_runs(runs)[1].empty:
@@ -135,23 +136,24 @@ def render_report(runs="runs", # runs folder
         log(f"report: wrote {paths['html']} ({'quarto' if use_quarto else 'nbconvert'})")
     if "pdf" in formats:
         pdf, html = paths["pdf"], paths["html"]
-        if not find_chromium():
-            log("report: headless Chromium not found, PDF skipped (apt-get install -y chromium)")
-        elif fresh and pdf.exists() and pdf.stat().st_mtime >= html.stat().st_mtime:
+        if fresh and pdf.exists() and pdf.stat().st_mtime >= html.stat().st_mtime:
             log(f"report: reused {pdf}")
         else:
             html_to_pdf(html, pdf)
             log(f"report: wrote {pdf}")
+    elif note:
+        log(f"report: {note}")
     return {**paths, "reused": fresh}
 
 # %% ../../nbs/76_report.ipynb #958d7618
 def report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sao-repro report", description="Build the MATH-hard report from a runs folder "
                                 "(never runs experiments): Quarto when on PATH, else papermill + nbconvert into one "
-                                "self-contained HTML file, PDF via headless Chromium.")
+                                "self-contained HTML file, and a PDF printed by headless Chromium wherever it is found.")
     p.add_argument("--runs", default="runs", help="runs folder <runs>/<backend>/<setting>/seed<S>/ (default runs)")
     p.add_argument("--out", default="_report", help="output folder (default _report)")
-    p.add_argument("--format", default="html", help="comma-separated formats: html, pdf (default html)")
+    p.add_argument("--format", default=None, help="comma-separated formats: html, pdf (default: html, plus pdf when "
+                   "headless Chromium is found; asking for pdf without it is an error)")
     p.add_argument("--force", action="store_true", help="re-execute the report even when the runs are unchanged")
     p.add_argument("--notebook", default=None, help=f"report notebook (default {REPORT_NB})")
     p.add_argument("--start-steps", type=int, default=50, help="start window: first N steps of each run (default 50)")
@@ -170,10 +172,16 @@ def report_main(argv:list[str]|None=None) -> int:
     "`sao-repro report`: 0 on success, 1 when the report cannot be built, 2 on bad arguments."
     p = report_parser()
     a = p.parse_args(argv)
-    formats = [f.strip() for f in a.format.split(",") if f.strip()]
-    bad = [f for f in formats if f not in ("html", "pdf")]
-    if bad or not formats:
+    try:
+        report_formats(a.format)  # bad names: exit 2; pdf without Chromium: exit 1, before anything is built
+    except ValueError:
         p.error(f"--format {a.format!r}: use html, pdf or html,pdf")
+    except RuntimeError as e:
+        print(f"sao-repro report: error: --format {a.format}: {e}", file=sys.stderr)
+        return 1
+    if a.screenshot and not find_chromium():
+        print(f"sao-repro report: error: --screenshot needs headless Chromium: {chromium_missing()}", file=sys.stderr)
+        return 1
     base = report_base(a.runs)
     cmd = f"sao-repro report --runs {shlex.quote(display_path(a.runs, base))} --out {shlex.quote(display_path(a.out, base))}"
     for flag, v, default in (("--start-steps", a.start_steps, 50), ("--end-steps", a.end_steps, 50),
@@ -181,7 +189,7 @@ def report_main(argv:list[str]|None=None) -> int:
                              ("--sweeps", a.sweeps and display_path(a.sweeps, base), None)):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
     try:
-        res = render_report(a.runs, a.out, formats, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,
+        res = render_report(a.runs, a.out, a.format, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,
                             command=cmd, engine=a.engine, sweeps=a.sweeps)
         if a.screenshot:
             png = shrink_png(screenshot(res["html"], Path(a.screenshot)))

@@ -16,8 +16,9 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['REPORT_NB', 'REPORT_NAME', 'OFFLINE_TEMPLATE', 'EXTRA_CSS', 'REPORT_CSP', 'CHROMIUM_NAMES', 'CHROMIUM_FLAGS',
-           'html_exporter', 'with_csp', 'offline_violations', 'notebook_to_html', 'find_chromium', 'html_to_pdf',
-           'screenshot', 'shrink_png', 'image_stats', 'is_blank', 'quarto_html', 'set_notebook_title']
+           'CHROMIUM_INSTALL', 'REPORT_FORMATS', 'html_exporter', 'with_csp', 'offline_violations', 'notebook_to_html',
+           'find_chromium', 'chromium_missing', 'html_to_pdf', 'screenshot', 'shrink_png', 'image_stats', 'is_blank',
+           'report_formats', 'quarto_html', 'set_notebook_title']
 
 # %% ../../nbs/73_report.render.ipynb #de2f09fb
 REPORT_NB = "report/math_hard_report.ipynb"
@@ -44,10 +45,23 @@ details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-
 @page { size: A4; margin: 14mm 12mm; }  /* A4 is the narrower of A4 and Letter: what fits it fits both */
 @media print {
   body { max-width: none; padding: 0; }
-  .jp-OutputArea-output img, table { break-inside: avoid; }
-  .jp-RenderedHTMLCommon table { font-size: 8.5px; width: 100%; max-width: 100%; table-layout: auto; }
-  .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; overflow-wrap: break-word; padding: 2px 4px; }
-  code, pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }
+  /* JupyterLab keeps each output on one page: a long one would leave the page before it half blank */
+  .jp-OutputArea-child { break-inside: auto !important; }
+  .jp-OutputArea-output img { break-inside: avoid; }
+  /* a heading stays with what follows: a section's heading and intro with its first table or figure, a figure with its caption */
+  h1, h2, h3, h4 { break-after: avoid-page; }
+  .jp-MarkdownCell { break-inside: avoid-page; break-after: avoid-page; }
+  .jp-OutputArea-child:has(img) { break-after: avoid-page; }
+  /* tables size their columns to their content, break between rows (header repeated), never inside a word */
+  .jp-RenderedHTMLCommon table { font-size: 8.5px; width: 100%; max-width: 100%; table-layout: auto !important; break-inside: auto; }
+  .jp-RenderedHTMLCommon table:has(th:nth-child(10)) { font-size: 7px; }  /* 10 columns or more: smaller, so whole words fit */
+  .jp-RenderedHTMLCommon table:has(th:nth-child(14)) { font-size: 6px; }
+  .jp-RenderedHTMLCommon tr { break-inside: avoid; }
+  .jp-RenderedHTMLCommon thead { display: table-header-group; }
+  .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .jp-RenderedHTMLCommon td code {
+    white-space: normal; overflow-wrap: normal; word-break: normal; hyphens: none; padding: 2px 4px; }
+  p, li { orphans: 2; widows: 2; }
+  code, pre { white-space: pre-wrap !important; overflow-wrap: break-word; word-break: normal !important; }  /* lab breaks output <pre> anywhere */
 }
 """
 
@@ -103,17 +117,26 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
                   "--disable-extensions", "--hide-scrollbars", "--mute-audio"]
 
+CHROMIUM_INSTALL = "apt-get install -y chromium (or scripts/need_chromium.sh)"
+
 def find_chromium() -> str|None:
-    "Path of a Chromium / Chrome binary (env `CHROMIUM` first), or None."
+    "Path of a Chromium / Chrome binary: env `CHROMIUM` when set (and nothing else then), else the first on PATH; or None."
     env = os.environ.get("CHROMIUM")
-    if env and shutil.which(env):
+    if env:
         return shutil.which(env)
     return next((shutil.which(n) for n in CHROMIUM_NAMES if shutil.which(n)), None)
+
+def chromium_missing() -> str:
+    "Why there is no Chromium, and how to install it (one line)."
+    env = os.environ.get("CHROMIUM")
+    why = f"CHROMIUM={env} is not a Chromium / Chrome executable" if env else \
+          f"headless Chromium not found on PATH ({', '.join(CHROMIUM_NAMES[:3])})"
+    return f"{why}; install it with `{CHROMIUM_INSTALL}`, or set CHROMIUM=/path/to/chrome"
 
 def _chromium(args:list[str], out:Path, timeout:int=120) -> Path:
     exe = find_chromium()
     if exe is None:
-        raise RuntimeError("headless Chromium not found (apt-get install -y chromium, or set CHROMIUM=/path/to/chrome)")
+        raise RuntimeError(chromium_missing())
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
@@ -153,6 +176,22 @@ def is_blank(png:Path, max_top_frac:float=0.995, min_colors:int=16) -> bool:
     "True when the image is (nearly) one colour."
     s = image_stats(png)
     return s["top_color_frac"] > max_top_frac or s["n_colors"] < min_colors
+
+# %% ../../nbs/73_report.render.ipynb #fmtcode01
+REPORT_FORMATS = ("html", "pdf")
+
+def report_formats(requested:str|list|None=None, # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where Chromium is found
+                  ) -> tuple[list[str], str|None]:
+    "The formats to write and a one-line note on a PDF left out; a PDF asked for where Chromium is missing raises."
+    if requested is None:
+        return (["html", "pdf"], None) if find_chromium() else (["html"], f"PDF skipped: {chromium_missing()}")
+    fmts = [f.strip() for f in (requested.split(",") if isinstance(requested, str) else requested) if f.strip()]
+    bad = [f for f in fmts if f not in REPORT_FORMATS]
+    if bad or not fmts:
+        raise ValueError(f"format {requested!r}: use html, pdf or html,pdf")
+    if "pdf" in fmts and not find_chromium():
+        raise RuntimeError(f"a PDF was asked for (format {','.join(fmts)}) but {chromium_missing()}")
+    return fmts, None
 
 # %% ../../nbs/73_report.render.ipynb #3082cf23
 def quarto_html(executed:Path, html:Path) -> Path:

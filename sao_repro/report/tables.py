@@ -6,6 +6,8 @@ Docs: https://sao-repro.github.io/sao-repro/report.tables.html.md"""
 
 # %% ../../nbs/70_report.tables.ipynb #1a665618
 from __future__ import annotations
+import html
+import re
 from pathlib import Path
 import pandas as pd
 from ..metrics import COLUMNS, collect_metrics, read_config, summarize_runs
@@ -17,7 +19,8 @@ from ..stats import fmt_ci, mean_ci
 # %% auto #0
 __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS',
            'reference_table', 'design_table', 'load_runs', 'heldout_summary', 'run_summary', 'numbers_table',
-           'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table', 'mismatch_table']
+           'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table', 'table_html',
+           'mismatch_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
 REFERENCE_SOURCE = ("reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
@@ -232,6 +235,18 @@ def health_table(df:pd.DataFrame, # tidy frame from `load_runs` (its `attrs["run
         if on:
             rows.append({"run": info["run"], "setting": info["setting"], "seed": info["seed"], "flags": ", ".join(on)})
     return pd.DataFrame(rows, columns=["run", "setting", "seed", "flags"])
+
+# %% ../../nbs/70_report.tables.ipynb #tblhtml2
+def table_html(frame:pd.DataFrame, # the table
+               table_id:str, # its HTML id
+               empty:str="none", # what an empty table says in its one row
+              ) -> str:
+    "The report's HTML table: no index, escaped, `-` for missing values; an empty one keeps its header and says `empty`."
+    out = frame.to_html(index=False, table_id=table_id, classes="sao-table", border=0, na_rep="-", escape=True)
+    if len(frame) == 0:
+        row = f'<tbody>\n    <tr>\n      <td colspan="{max(1, len(frame.columns))}">{html.escape(empty)}</td>\n    </tr>\n  </tbody>'
+        out = re.sub(r"<tbody>\s*</tbody>", lambda m: row, out, count=1)
+    return out
 
 # %% ../../nbs/70_report.tables.ipynb #f1bc7e55
 MISMATCH_COLUMNS = ["backend", "setting", "runs", "measured", "k3_kl mean", "k3_kl max", "k3_kl_all mean", "lag mean",
