@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['write_atomic', 'file_sha256', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs']
+__all__ = ['write_atomic', 'file_sha256', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs', 'OutputPathError',
+           'check_output_dir', 'output_dir', 'drop_links']
 
 # %% ../nbs/07_files.ipynb #fea345e1
 def write_atomic(path:str|Path, # destination
@@ -103,3 +104,39 @@ def commit_dirs(dirs:list[Path]) -> bool:
         os.replace(_aside(dirs[0], ".prev"), _aside(dirs[0], ".old"))  # the commit point
     restore_dirs(dirs)  # nothing is marked in progress any more: only drops the leftovers
     return True
+
+# %% ../nbs/07_files.ipynb #a5cc5914
+class OutputPathError(ValueError):
+    "An output path that cannot be a folder (a file, or a file among its parents)."
+
+def check_output_dir(path:str|Path, # the folder a command will write into
+                     option:str="--out", # what named it, for the error
+                    ):
+    "Refuse (one-line `OutputPathError`) an output folder that is a file or lies below one; makes nothing."
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists() or q.is_symlink():
+            if not q.is_dir():
+                raise OutputPathError(f"{option} {path}: " + ("that is a file, not a folder" if q == p else f"{q} is a file")
+                                      + "; give a folder (it is made if missing)")
+            return
+
+def output_dir(path:str|Path, # the folder a command writes into (made if missing)
+               option:str="--out", # what named it, for the error
+              ) -> Path:
+    "`path` as an output folder, made if missing; a file there (or among its parents) is a one-line `OutputPathError`."
+    check_output_dir(path, option)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+def drop_links(root:str|Path, # an output folder
+              ) -> list[Path]: # the links removed
+    "Remove every symbolic link below `root` (not what it points at), so that no output is written through one."
+    gone = []
+    for dirpath, dirnames, filenames in os.walk(root):  # os.walk does not descend into linked folders
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                p.unlink()
+                gone.append(p)
+    return gone

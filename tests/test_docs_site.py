@@ -163,3 +163,18 @@ def test_maths_render_and_the_sidebar_in_the_browser(site):
     assert nav["position"] == "fixed" and nav["height"] >= 900  # a full-height column ...
     assert nav["right"] <= got["content_left"]  # ... beside the page, not over it
     assert nav["current"] and "DIS" in nav["current"]
+
+
+def test_docs_never_write_through_a_link_and_out_naming_a_file_is_one_line(tmp_path):
+    root = copy_root(tmp_path, [p.name for p in (ROOT / "nbs").glob("*.ipynb")])
+    out = tmp_path / "_site"
+    out.mkdir()
+    victim = tmp_path / "victim.html"
+    victim.write_text("not yours")
+    (out / "stats.html").symlink_to(victim)
+    code, output = build(root, out, "--only", "04_stats.ipynb")
+    assert code == 0, output[-3000:]
+    assert victim.read_text() == "not yours" and not (out / "stats.html").is_symlink()
+    assert "removed the link" in output
+    code, output = build(root, victim, "--only", "04_stats.ipynb")
+    assert code == 2 and "that is a file" in output and "Traceback" not in output and victim.read_text() == "not yours"

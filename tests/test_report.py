@@ -6,6 +6,8 @@ of the smoke-size model on 1-digit arithmetic (so accuracy is not stuck at 0), i
 import json
 import math
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -669,3 +671,29 @@ def test_empty_table_says_none_in_the_pdf(healthy, monkeypatch, capsys, tmp_path
     text = " ".join(pdf_pages(root / "out" / "math_hard_report.pdf"))
     assert re.search(r"Health flags.*?\brun\s+setting\s+seed\s+flags\s+none\b", text, flags=re.S), text
     assert all(b >= 0.5 for b in page_ink_bottoms(root / "out" / "math_hard_report.pdf", tmp_path)[:-1])
+
+
+# Outputs land in the output folder only: never through a link planted there, and `--out` naming a file is one line.
+
+def test_report_never_writes_through_a_link_planted_in_its_folder(runs, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    victims = {}
+    for name in ("math_hard_report.html", "numbers.json", ".report_key", "math_hard_report.ipynb"):
+        v = tmp_path / f"victim-{name}"
+        v.write_text("not yours")
+        (out / name).symlink_to(v)
+        victims[name] = v
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", "html", "--engine", "nbconvert"]) == 0
+    assert all(v.read_text() == "not yours" for v in victims.values())
+    assert not any((out / n).is_symlink() for n in victims) and "sao-table" in (out / "math_hard_report.html").read_text()
+    assert "removed the link" in capsys.readouterr().out
+
+
+def test_report_out_naming_a_file_is_one_line(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "report", "--runs", str(tmp_path), "--out", str(f)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert f"--out {f}: that is a file" in p.stderr and f.read_text() == "x"

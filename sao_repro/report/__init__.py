@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/report.html.md"""
 from __future__ import annotations
 import argparse
 import hashlib
-from ..files import file_sha256
+from ..files import OutputPathError, check_output_dir, drop_links, file_sha256, output_dir
 import importlib
 import json
 import shlex
@@ -103,6 +103,9 @@ def render_report(runs="runs", # runs folder
     if load_runs(runs)[1].empty:
         raise FileNotFoundError(f"no run folders (metrics.jsonl, config.json) under {runs}; "
                                 f"make runs with `sao-repro compare --out {runs}` first")
+    out = output_dir(out, "--out")  # a file there is a one-line error; the folder is made if missing
+    for link in drop_links(out):  # a link planted in the folder would make a write land where it points
+        log(f"report: removed the link {link} (an output is never written through a link)")
     base = report_base(runs)  # every path the report shows is relative to it: never a home or temporary folder
     command = command or f"sao-repro report --runs {shlex.quote(display_path(runs, base))} --out {shlex.quote(display_path(out, base))}"
     params = {"runs_dir": str(runs.resolve()), "runs_label": display_path(runs, base), "start_steps": start_steps,
@@ -188,6 +191,11 @@ def report_main(argv:list[str]|None=None) -> int:
                              ("--smooth", a.smooth, 10), ("--notebook", a.notebook and display_path(a.notebook, base), None),
                              ("--sweeps", a.sweeps and display_path(a.sweeps, base), None)):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
+    try:
+        check_output_dir(a.out, "--out")
+    except OutputPathError as e:
+        print(f"sao-repro report: error: {e}", file=sys.stderr)
+        return 2
     try:
         res = render_report(a.runs, a.out, a.format, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,
                             command=cmd, engine=a.engine, sweeps=a.sweeps)

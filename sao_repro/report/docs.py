@@ -18,6 +18,7 @@ import tempfile
 import warnings
 from pathlib import Path
 import yaml
+from ..files import OutputPathError, check_output_dir, drop_links, output_dir
 from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
 from .layout import doc_sections
 from .pages import page_title, shell_cells, tidy_doc_nb
@@ -263,7 +264,9 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
                log=print) -> list[Path]:
     "Build the docs site offline (nbdev's processing + nbconvert); returns the pages written."
     import nbformat
-    root, out = Path(root), Path(out)
+    root, out = Path(root), output_dir(out, "--out")  # a file there is a one-line error
+    for link in drop_links(out):  # a link planted in the folder would make a write land where it points
+        log(f"docs: removed the link {link} (a page is never written through a link)")
     nbs = [nb for nb in doc_notebooks(root) if not only or any(fnmatch.fnmatch(nb.name, g) for g in only)]
     idx = root/"nbs/index.ipynb"
     srcs = ([idx] if idx.exists() else []) + [root/nb for nb in nbs]
@@ -400,6 +403,11 @@ def docs_main(argv:list[str]|None=None) -> int:
         return 1 if probs else 0
     if shutil.which("quarto"):
         print("docs: quarto is on PATH; `nbdev-docs` or `quarto render` build the Quarto site. Building the offline site too.")
+    try:
+        check_output_dir(a.out, "--out")
+    except OutputPathError as e:
+        print(f"docs: error: {e}", file=sys.stderr)
+        return 2
     try:
         build_docs(a.root, a.out, a.only, a.report)
     except DocsError as e:
