@@ -18,8 +18,9 @@ from .files import file_sha256, write_atomic
 from .runconfig import repo_dir
 
 # %% auto #0
-__all__ = ['RESULTS_DIRS', 'REQUIRED', 'UNRECORDED', 'source_files', 'fingerprint', 'git_state', 'record', 'load', 'status',
-           'refresh_command', 'render', 'results_files', 'find', 'markdown', 'show', 'refresh', 'results_main']
+__all__ = ['RESULTS_DIRS', 'REQUIRED', 'UNRECORDED', 'source_files', 'fingerprint', 'git_state', 'commit_time', 'record', 'load',
+           'status', 'refresh_command', 'render', 'results_files', 'find', 'markdown', 'show', 'refresh',
+           'results_main']
 
 # %% ../nbs/16_results.ipynb #5a3eab49
 RESULTS_DIRS = ("nbs/results", "report/results")  # where results files live, relative to the repository root
@@ -56,6 +57,11 @@ def git_state(root:str|Path|None=None) -> tuple[str, bool]:
         return "unknown", False
     return head.stdout.strip(), bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
 
+def commit_time(commit:str, root:str|Path|None=None) -> int|None:
+    "The commit's time (seconds since the epoch), None when git does not know it."
+    r = subprocess.run(["git", "show", "-s", "--format=%ct", commit], cwd=root or repo_dir(), capture_output=True, text=True)
+    return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
+
 def record(path:str|Path, # the results file to write (<dir>/<name>.json)
            command:str, # the shell command, run from the repository root, that makes this result again
            sources:list[str], # files and folders (relative to the root) holding the code behind it
@@ -68,8 +74,9 @@ def record(path:str|Path, # the results file to write (<dir>/<name>.json)
     "Write a results file (atomically) and return what it holds."
     root = Path(root or repo_dir())
     head, dirty = git_state(root) if commit is None else (commit, False)
+    made = time.gmtime() if commit is None else time.gmtime(commit_time(commit, root) or time.time())
     rec = {"name": Path(path).stem, "command": command, "commit": head, "dirty": dirty,
-           "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "sources": list(sources),
+           "made": time.strftime("%Y-%m-%d %H:%M UTC", made), "sources": list(sources),
            "fingerprint": fingerprint_ or fingerprint(sources, root), "markdown": markdown.strip() + "\n",
            "values": values or {}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
