@@ -285,6 +285,10 @@ def test_sweep_findings_section(runs, tmp_path):
     assert rows["SAO above GRPO"][6] in ("reproduced", "opposite", "not resolved")  # the online verdict column
     html = (out / "math_hard_report.html").read_text()  # the sweep's figure: its one point's seed means, banded
     assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
+    from sao_repro import results  # the findings prose: rendered from its results file, stale banner and all
+    text, rec = re.sub(r"<[^>]+>", "", html), results.load(results.find("findings"))
+    assert "Findings so far, as written from the sweeps" in text and rec["command"].split(" && ")[0] in text
+    assert ("Stale:" in text and "sao-repro results refresh findings" in text) == (results.status(rec) == "stale")
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
     import matplotlib
     matplotlib.use("Agg")
