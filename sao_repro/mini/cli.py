@@ -389,7 +389,7 @@ def compare_main(argv: list[str] | None = None) -> int:
     table, rest = format_summary(rows), ""
     if a.backend == "mini":  # one table to act on; the effects, both verdicts and the rest go to summary.md
         pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
-        table, rest = study_table(pt, a.window), study_tables({"window": a.window, "points": [{"label": "study", **pt}]})
+        table, rest = study_table(pt, a.window), study_tables({"window": a.window, "points": [{"label": None, **pt}]})
     print(f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under "
           f"{Path(a.out) / a.backend}; every table in {summ}\n")
     print(table)

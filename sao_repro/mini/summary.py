@@ -117,8 +117,8 @@ def json_ready(x):
 
 # %% ../../nbs/31_mini.summary.ipynb #b0d33554
 def _cols(res: dict) -> bool:
-    "Tables get a `point` column only when they hold several points (a sweep's grid; one study has one point)."
-    return len(res["points"]) > 1
+    "Tables get a `point` column unless their point has no label (one study, as `sao-repro compare` makes it: label None)."
+    return any(p.get("label") is not None for p in res["points"])
 
 def _head(res: dict, cols: list[str]) -> list[str]:
     cols = (["point"] if _cols(res) else []) + cols
