@@ -110,9 +110,9 @@ def render(rec:dict, root:str|Path|None=None) -> str:
     if status(rec, root) == "stale":
         why = ("made before its code was fingerprinted" if rec["fingerprint"] == UNRECORDED
                else "the code behind it has changed since")
-        head = (f"> **Stale:** this result was made at commit `{short}`; {why} "
-                f"({', '.join(f'`{s}`' for s in rec['sources'])}). Refresh it: `{refresh_command(rec['name'])}` "
-                f"(runs `{rec['command']}`).\n\n" + head)
+        srcs = ", ".join(f"`{s}`" for s in rec["sources"][:3]) + (f" and {len(rec['sources']) - 3} more" if len(rec["sources"]) > 3 else "")
+        head = (f"> **Stale:** this result was made at commit `{short}`; {why} ({srcs}). "
+                f"Refresh it: `{refresh_command(rec['name'])}` (runs the command below).\n\n" + head)
     return head + "\n\n" + rec["markdown"]
 
 # %% ../nbs/16_results.ipynb #7c930f08
