@@ -10,7 +10,6 @@ import argparse
 import hashlib
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
