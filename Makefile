@@ -2,8 +2,9 @@
 # five-setting comparison on the CPU testbed; `make test` runs the test suite (what CI runs): it first makes sure
 # headless Chromium is there for the browser tests (installs it with apt-get, or stops with the command to run).
 # The default study is the chain family (scratchpad responses, 2-4 terms mixed in each batch), where the
-# testbed separates the settings best (README, "Findings"), with 3 seeds so that its table has 95% CIs (it ends
-# with the effects paired by seed and the phenomena verdicts); STUDY='' gives the two-digit addition study.
+# testbed separates the settings best (the report's "Findings"), with 3 seeds so that its table has 95% CIs (it ends
+# with one table: held-out accuracy per setting, then the phenomena verdicts, each unresolved one with what would
+# resolve it; the rest goes to runs/mini/summary.md); STUDY='' gives the two-digit addition study.
 PYTHON ?= python3
 VENV ?= .venv
 SEEDS ?= 3

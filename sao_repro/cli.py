@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
     "docs": ("sao_repro.report.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
+    "results": ("sao_repro.results:results_main", "list the results files the docs quote (fresh / stale); `refresh NAME` makes one again"),
     "lab": ("sao_repro.cli:lab_main", "start JupyterLab on 127.0.0.1 (token) at experiments/explore_run.ipynb"),
 }
 

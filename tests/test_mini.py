@@ -329,3 +329,36 @@ def test_dis_band_preset_reaches_the_loss_and_config_json(tmp_path, monkeypatch)
     assert (conf["setting_spec"]["dis_band"], conf["setting_spec"]["dis_preset"]) == ([0.7, 6.0], "paper-math")
     with pytest.raises(ValueError, match="reference, paper-math, paper-coding"):
         smoke_cfg("single_dis", tmp_path / "x", dis_band="[0.7, 6]")
+
+
+def test_compare_ends_with_one_table_and_records_it(tmp_path, capsys, monkeypatch):
+    "compare over finished runs: one table (held-out start -> end per setting, then each verdict with what would resolve it), the rest in summary.md; --record saves that table as a results file."
+    import fake_testbed
+    import sao_repro.mini.cli as C
+    from sao_repro.results import load, render, status
+    settings = ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]
+    fake_testbed.main(["--out", str(tmp_path), "--runs", ",".join(f"{s}:{k}" for s in settings for k in range(3)),
+                       "--steps", "40", "--interval", "0"])
+    monkeypatch.setattr(C, "_compare_state", lambda a, ov, s, k: "done")  # the fake runs count as finished
+    rec = tmp_path / "results" / "study.json"
+    argv = ["--seeds", "3", "--out", str(tmp_path), "--window", "10", "--record", str(rec)]
+    assert compare_main(argv) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("### The study"):out.index("recorded:")].strip()
+    lines = table.splitlines()
+    assert sum(line.startswith("|---") for line in lines) == 1  # one table
+    assert [line.split(" | ")[0] for line in lines[4:9]] == [f"| {s}" for s in settings]
+    assert all(" | 3 | " in line and " -> " in line for line in lines[4:9])  # held-out step 1 -> end, 3 seeds
+    verdicts = [line.split(" | ") for line in lines[9:]]
+    assert len(verdicts) == 6 and all(v[0].startswith("| **") for v in verdicts)
+    assert all(v[3] in ("reproduced", "opposite", "not resolved") for v in verdicts)
+    open_ = [v for v in verdicts if v[3] == "not resolved"]
+    assert open_ and all("SEEDS=" in v[4] for v in open_)  # each unresolved one names what would resolve it
+    assert all(v[4] == "- |" for v in verdicts if v[3] != "not resolved")
+    assert "--ray" in table or all("`make study SEEDS=5`" in v[4] or "near 0" in v[4] for v in open_)
+    summ = (tmp_path / "mini" / "summary.md").read_text()
+    assert summ.startswith(f"`sao-repro compare --seeds 3 --out {tmp_path}") and table in summ
+    assert "### Paired effects" in summ and "### End accuracy" in summ and "| point |" not in summ and "| study |" not in summ
+    r = load(rec)
+    assert r["markdown"].strip() == table and r["command"] == "sao-repro compare " + " ".join(argv)
+    assert status(r) == "fresh" and "Stale" not in render(r)

@@ -291,6 +291,10 @@ def test_sweep_findings_section(runs, tmp_path):
     if R.find_chromium():  # the default made the PDF too: its sweep tables read in whole words
         assert not broken_words(html, out / "math_hard_report.pdf")
     assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
+    from sao_repro import results  # the findings prose: rendered from its results file, stale banner and all
+    text, rec = re.sub(r"<[^>]+>", "", html), results.load(results.find("findings"))
+    assert "Findings so far, as written from the sweeps" in text and rec["command"].split(" && ")[0] in text
+    assert ("Stale:" in text and "sao-repro results refresh findings" in text) == (results.status(rec) == "stale")
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
     import matplotlib
     matplotlib.use("Agg")

@@ -25,10 +25,15 @@ from ..stopping import RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import run_state
-from .summary import format_summary, point_summary, run_windows, study_tables, summarize
+from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
+
+# the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
+STUDY_SOURCES = ["sao_repro/mini", "sao_repro/core.py", "sao_repro/dis.py", "sao_repro/gae.py", "sao_repro/advantages.py",
+                 "sao_repro/loss.py", "sao_repro/critic.py", "sao_repro/settings.py", "sao_repro/stats.py",
+                 "sao_repro/math_answer.py", "sao_repro/runconfig.py", "experiments/run_setting.ipynb"]
 
 # %% auto #0
-__all__ = ['SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'RunCommand', 'setting_choice',
+__all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'RunCommand', 'setting_choice',
            'command_options', 'parse_command', 'run_overrides', 'run_options', 'run_main', 'find_run_notebook',
            'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand', 'compare_options',
            'prebuild_warm_start', 'compare_main']
@@ -271,6 +276,8 @@ class CompareCommand:
     ray: str | None = field(default=None, metadata={"help": "run each (setting, seed) as a Ray task: 'auto' (the running "
                             "cluster), an address, or 'local' (a Ray instance on this machine); --jobs is then unused"})
     smoke: bool = _switch("seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
+    record: str | None = field(default=None, metadata={"help": "also save the final table as a results file (e.g. "
+                               "nbs/results/mini_study.json: the command, the commit and the code's fingerprint; sao_repro.results)"})
 
     def __post_init__(self):
         "Counts that must be >= 1 (exit 2 before anything runs)."
@@ -378,15 +385,23 @@ def compare_main(argv: list[str] | None = None) -> int:
               "resume: run the same command again", file=sys.stderr)
         return 130
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
-    table = format_summary(rows)
-    if a.backend == "mini":  # effects paired by seed and the phenomena verdicts, as `sao-repro sweep` prints them
-        pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
-        table += "\n\n" + study_tables({"window": a.window, "points": [{"label": "study", **pt}]})
-    print(f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under {Path(a.out) / a.backend}\n")
-    print(table)
     summ = Path(a.out) / a.backend / "summary.md"
-    summ.write_text(f"`sao-repro compare {' '.join(argv or sys.argv[1:])}`\n\n{table}\n")
+    table, rest = format_summary(rows), ""
+    if a.backend == "mini":  # one table to act on; the effects, both verdicts and the rest go to summary.md
+        pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
+        table, rest = study_table(pt, a.window), study_tables({"window": a.window, "points": [{"label": None, **pt}]})
+    print(f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under "
+          f"{Path(a.out) / a.backend}; every table in {summ}\n")
+    print(table)
+    command = f"sao-repro compare {shlex.join(list(sys.argv[1:] if argv is None else argv))}"
+    summ.write_text(f"`{command}`\n\n" + "\n\n".join(t for t in (table, rest) if t) + "\n")
     (Path(a.out) / a.backend / "summary.json").write_text(json.dumps(rows, indent=1))
     for s, k, e in failed:
         print(f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr)
+    if a.record and not failed:
+        from sao_repro.results import record
+        record(a.record, command, STUDY_SOURCES, table)
+        print(f"recorded: {a.record}")
+    elif a.record:
+        print(f"not recorded ({len(failed)} run(s) failed): {a.record}", file=sys.stderr)
     return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""The tables of a testbed study: accuracy start -> end per setting, effects paired by seed with 95% CIs, and the reference study's phenomena judged from them; printed by `sao-repro compare` and `sao-repro sweep`.
+"""The tables of a testbed study: accuracy start -> end per setting, effects paired by seed with 95% CIs, and the reference study's phenomena judged from them; `sao-repro compare` ends with the one table of `study_table`, `sao-repro sweep` with all of them.
 
 Docs: https://sao-repro.github.io/sao-repro/mini.summary.html.md"""
 
@@ -11,14 +11,16 @@ import math
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from .runfolder import read_metrics
 from ..stats import SCALED_MIN_SEEDS, fmt_ci, fmt_interval, iqm_ci, mean_ci, paired_effect, prob_improvement
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'run_windows', 'summarize', 'format_summary', 'point_summary', 'json_ready',
-           'format_results', 'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms', 'knob_effects',
-           'format_knob_effects', 'format_scaled', 'study_tables']
+__all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'RESOLVE_MAX_SEEDS', 'run_windows', 'summarize', 'format_summary', 'point_summary',
+           'json_ready', 'format_results', 'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms',
+           'knob_effects', 'format_knob_effects', 'format_scaled', 'study_tables', 'seeds_to_resolve', 'what_resolves',
+           'study_table']
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
@@ -114,24 +116,35 @@ def json_ready(x):
     return x
 
 # %% ../../nbs/31_mini.summary.ipynb #b0d33554
+def _cols(res: dict) -> bool:
+    "Tables get a `point` column unless their point has no label (one study, as `sao-repro compare` makes it: label None)."
+    return any(p.get("label") is not None for p in res["points"])
+
+def _head(res: dict, cols: list[str]) -> list[str]:
+    cols = (["point"] if _cols(res) else []) + cols
+    return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+
+def _row(res: dict, p: dict, cells: list) -> str:
+    return "| " + " | ".join(([p["label"]] if _cols(res) else []) + [str(c) for c in cells]) + " |"
+
 def format_results(res: dict) -> str:
     "Markdown: end accuracy per point x setting, then the paired effects."
     w = res["window"]
     out = [f"### End accuracy (last {w} steps), mean ± 95% CI over seeds", "",
-           "| point | setting | seeds | held-out step 1 -> end | online acc end | online end - start |", "|---|---|---|---|---|---|"]
+           *_head(res, ["setting", "seeds", "held-out step 1 -> end", "online acc end", "online end - start"])]
     for p in res["points"]:
         for r in p["settings"]:
-            out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
-                       f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))} | {fmt_ci(r['acc_end'], r['acc_end_ci'])} | "
-                       f"{fmt_ci(r['delta'], r['delta_ci'])} |")
+            out.append(_row(res, p, [r["setting"], r["n_seeds"], f"{fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
+                                     f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))}", fmt_ci(r["acc_end"], r["acc_end_ci"]),
+                                     fmt_ci(r["delta"], r["delta_ci"])]))
     if not any(p["effects"] for p in res["points"]):  # one setting: no pair to take
         return "\n".join(out)
     out += ["", "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)", "",
-            "| point | effect | pair | pairs | online | held-out |", "|---|---|---|---|---|---|"]
+            *_head(res, ["effect", "pair", "pairs", "online", "held-out"])]
     for p in res["points"]:
         for e in p["effects"]:
-            out.append(f"| {p['label']} | {e['kind']} | {e['pair']} | {e['n']} | {fmt_ci(e['mean'], e['ci'])} | "
-                       f"{fmt_ci(e.get('heldout_mean'), e.get('heldout_ci'))} |")
+            out.append(_row(res, p, [e["kind"], e["pair"], e["n"], fmt_ci(e["mean"], e["ci"]),
+                                     fmt_ci(e.get("heldout_mean"), e.get("heldout_ci"))]))
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #3f30838d
@@ -151,7 +164,8 @@ def phenomena(point: dict) -> list[dict]:
         if s in rows and rows[s]["n_seeds"]:
             d, e = rows[s]["delta"], rows[s].get("eval_delta")
             out.append({"phenomenon": name, "quantity": f"{s}: start - end", "heldout": None if e is None else -e,
-                        "heldout_ci": rows[s].get("eval_delta_ci"), "online": None if d is None else -d, "online_ci": rows[s]["delta_ci"]})
+                        "heldout_ci": rows[s].get("eval_delta_ci"), "online": None if d is None else -d, "online_ci": rows[s]["delta_ci"],
+                        "n": rows[s]["n_seeds"]})
     for name, pair in (("DIS prevents GRPO collapse", "grpo_dis - grpo"),
                        ("critic beats the batch baseline at G=1", "sao - single_dis"),
                        ("single_dis above running_mean", "single_dis - running_mean"),
@@ -159,7 +173,7 @@ def phenomena(point: dict) -> list[dict]:
         if pair in eff:
             e = eff[pair]
             out.append({"phenomenon": name, "quantity": f"{pair}, end", "heldout": e.get("heldout_mean"),
-                        "heldout_ci": e.get("heldout_ci"), "online": e["mean"], "online_ci": e["ci"]})
+                        "heldout_ci": e.get("heldout_ci"), "online": e["mean"], "online_ci": e["ci"], "n": e.get("n")})
     for r in out:
         r["heldout_verdict"] = "-" if r["heldout"] is None else _verdict(r["heldout"], r["heldout_ci"])
         r["online_verdict"] = _verdict(r["online"], r["online_ci"])
@@ -170,11 +184,11 @@ def format_phenomena(res: dict) -> str:
     if not any(phenomena(p) for p in res["points"]):
         return ""
     out = ["### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)", "",
-           "| point | phenomenon | quantity | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|---|"]
+           *_head(res, ["phenomenon", "quantity", "held-out", "verdict", "online", "verdict"])]
     for p in res["points"]:
         for r in phenomena(p):
-            out.append(f"| {p['label']} | {r['phenomenon']} | {r['quantity']} | {fmt_ci(r['heldout'], r['heldout_ci'])} | "
-                       f"{r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | {r['online_verdict']} |")
+            out.append(_row(res, p, [r["phenomenon"], r["quantity"], fmt_ci(r["heldout"], r["heldout_ci"]), r["heldout_verdict"],
+                                     fmt_ci(r["online"], r["online_ci"]), r["online_verdict"]]))
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #f7eb349d
@@ -270,19 +284,18 @@ def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
         return ""
     g = lambda d, k: (d.get(k), d.get(f"{k}_lo"), d.get(f"{k}_hi"))
     out = ["### Many seeds: interquartile mean of end accuracy [95% stratified-bootstrap interval]", "",
-           "| point | setting | seeds | held-out IQM | online IQM |", "|---|---|---|---|---|"]
+           *_head(res, ["setting", "seeds", "held-out IQM", "online IQM"])]
     for p in res["points"]:
         for r in p["settings"]:
-            out.append(f"| {p['label']} | {r['setting']} | {r['n_seeds']} | {fmt_interval(*g(r, 'iqm_eval_end'))} | "
-                       f"{fmt_interval(*g(r, 'iqm_end'))} |")
+            out.append(_row(res, p, [r["setting"], r["n_seeds"], fmt_interval(*g(r, "iqm_eval_end")), fmt_interval(*g(r, "iqm_end"))]))
     if not any(p["effects"] for p in res["points"]):
         return "\n".join(out)
     out += ["", "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]", "",
-            "| point | pair A - B | held-out | verdict | online | verdict |", "|---|---|---|---|---|---|"]
+            *_head(res, ["pair A - B", "held-out", "verdict", "online", "verdict"])]
     for p in res["points"]:
         for e in p["effects"]:
-            out.append(f"| {p['label']} | {e['pair']} | {fmt_interval(*g(e, 'heldout_poi'))} | {_poi_verdict(*g(e, 'heldout_poi')[1:])} | "
-                       f"{fmt_interval(*g(e, 'poi'))} | {_poi_verdict(*g(e, 'poi')[1:])} |")
+            out.append(_row(res, p, [e["pair"], fmt_interval(*g(e, "heldout_poi")), _poi_verdict(*g(e, "heldout_poi")[1:]),
+                                     fmt_interval(*g(e, "poi")), _poi_verdict(*g(e, "poi")[1:])]))
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
@@ -291,3 +304,52 @@ def study_tables(res: dict) -> str:
     return "\n\n".join(t for t in (format_results(res), format_phenomena(res), format_forms(res), format_knob_effects(res),
                                    format_scaled(res)) if t)
 
+
+# %% ../../nbs/31_mini.summary.ipynb #5d1a0e02
+RESOLVE_MAX_SEEDS = 30  # an unresolved quantity that needs more seeds than this is called near 0
+
+def seeds_to_resolve(x, # the quantity's mean over `n` seeds
+                     h, # its 95% CI half-width
+                     n: int, # the seeds (or pairs) behind it
+                     max_seeds: int = RESOLVE_MAX_SEEDS) -> int | None:
+    "The fewest seeds whose 95% CI half-width, at the spread seen over `n`, lies below |x| (None: over `max_seeds`, or no spread)."
+    if x is None or h is None or not n or n < 2 or not (math.isfinite(x) and math.isfinite(h)):
+        return None
+    sd = h * math.sqrt(n) / student_t.ppf(0.975, n - 1)
+    return next((m for m in range(n, max_seeds + 1) if student_t.ppf(0.975, m - 1) * sd / math.sqrt(m) < abs(x)), None)
+
+def what_resolves(verdict: str, x, h, n) -> str:
+    "What would settle a verdict that is not 'reproduced' or 'opposite'."
+    if verdict in ("reproduced", "opposite"):
+        return "-"
+    if verdict == "no data":
+        return "runs that finish (the failed runs are listed above)"
+    if verdict == "one seed":
+        return "`make study SEEDS=5` (one seed gives no interval)"
+    m = seeds_to_resolve(x, h, n)
+    if m is None:
+        return f"near 0 at this spread: over {RESOLVE_MAX_SEEDS} seeds (`make study SEEDS=5` narrows it)"
+    if m <= 5:
+        return "`make study SEEDS=5`"
+    return f"~{m} seeds at this spread: `make study SEEDS={m}`, or on a Ray cluster `sao-repro compare --seeds {m} --ray auto`"
+
+def study_table(pt: dict, # `point_summary` of the study's runs folder
+                window: int = 50) -> str:
+    "The table `sao-repro compare` ends with: held-out accuracy per setting, then each phenomenon's verdict and what would resolve it."
+    out = ["### The study: held-out accuracy per setting, then the reference study's phenomena (mean ± 95% CI over seeds)", "",
+           f"| setting / phenomenon | seeds | held-out: step 1 -> end (last {window} steps); phenomenon: its quantity | verdict | "
+           "what would resolve it |", "|---|---|---|---|---|"]
+    for r in pt["settings"]:
+        if not r["n_seeds"]:
+            out.append(f"| {r['setting']} | 0 | - | no finished run | {what_resolves('no data', None, None, 0)} |")
+            continue
+        v = _verdict(r.get("eval_delta"), r.get("eval_delta_ci"))
+        change = {"reproduced": "rose", "opposite": "fell", "not resolved": "no resolved change"}.get(v, v)
+        out.append(f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> "
+                   f"{fmt_ci(r['eval_end'], r['eval_end_ci'])} | {change} ({fmt_ci(r.get('eval_delta'), r.get('eval_delta_ci'))}) | - |")
+    for r in phenomena(pt):
+        part, tag = ("heldout", "") if r["heldout"] is not None else ("online", " (online)")
+        x, h, v = r[part], r[f"{part}_ci"], r[f"{part}_verdict"]
+        out.append(f"| **{r['phenomenon']}**: {r['quantity']} | {r.get('n') or '-'} | {fmt_ci(x, h)}{tag} | {v} | "
+                   f"{what_resolves(v, x, h, r.get('n'))} |")
+    return "\n".join(out)

@@ -24,10 +24,11 @@ from .layout import doc_sections
 from .pages import page_title, shell_cells, tidy_doc_nb
 
 # %% auto #0
-__all__ = ['CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'doc_notebooks', 'nbdev_site',
-           'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError', 'nbdev_notes',
-           'process_docs', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs',
-           'readme_markdown', 'run_index', 'write_readme', 'readme_problems', 'docs_main']
+__all__ = ['RESULT_CALL', 'CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'doc_notebooks',
+           'nbdev_site', 'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError',
+           'nbdev_notes', 'process_docs', 'fill_results', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown',
+           'mathml_nb', 'fill_maths', 'build_docs', 'readme_markdown', 'run_index', 'write_readme', 'readme_problems',
+           'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
 def doc_notebooks(root=".") -> list[Path]:
@@ -140,6 +141,21 @@ def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
     for line in nbdev_notes(caught, nbs):
         log(line)
     return {p.name: p for p in cache.glob("*.ipynb") if not names or p.name in names}
+
+# %% ../../nbs/75_report.docs.ipynb #f111c0d2
+RESULT_CALL = re.compile(r"""^\s*results\.show\(\s*["']([\w.-]+)["']\s*\)\s*$""", flags=re.M)
+
+def fill_results(nb, # a notebook (nbformat)
+                 root=".", # the repository root, holding nbs/results/ and report/results/
+                ):
+    "Give each cell that calls `results.show(NAME)` the result rendered now (with its stale banner) as its output, in place."
+    import nbformat
+    from sao_repro.results import markdown
+    for c in nb.cells:
+        names = RESULT_CALL.findall(c.source) if c.cell_type == "code" else []
+        if names:
+            c.outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": markdown(n, root)}) for n in names]
+    return nb
 
 # %% ../../nbs/75_report.docs.ipynb #13449576
 CURRENT = ' aria-current="page"'
@@ -275,6 +291,7 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     titles, docs = {}, []
     for src in srcs:
         nb, fm = tidy_doc_nb(nbformat.read(str(done.get(src.name, src)), as_version=4))
+        nb = fill_results(nb, root)
         name = "index.html" if src == idx else fm.get("output-file") or src.stem + ".html"
         nb.metadata["title"] = page_title(nb, fm, src.stem)  # nbconvert's <title>
         titles[src.relative_to(root).as_posix()] = ("Home" if src == idx else nb.metadata["title"], name)
