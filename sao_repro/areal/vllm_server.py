@@ -170,6 +170,7 @@ def _extension_class():
 def _engine_classes():
     "Subclasses of AReaL's vLLM client that start the server from its own environment (built on first use)."
     from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+    from .guards import pin_served_version
     class VenvvLLMBackend(VLLMBackend):
         "AReaL's vLLM protocol; `launch_server` runs AReaL's server command from the server environment."
         def launch_server(self, server_args:dict) -> subprocess.Popen:
@@ -181,6 +182,7 @@ def _engine_classes():
         def __init__(self, config):
             super().__init__(config)
             self._engine.backend = VenvvLLMBackend()
+            pin_served_version(self._engine)  # AReaL PR 1569's guard (sao_repro.areal.guards)
     for c in (VenvvLLMBackend, VenvRemotevLLMEngine):
         c.__module__ = MODULE
     return {"VenvvLLMBackend": VenvvLLMBackend, "VenvRemotevLLMEngine": VenvRemotevLLMEngine}
