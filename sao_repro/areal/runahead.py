@@ -7,11 +7,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal.runahead.html.md"""
 # %% auto #0
 __all__ = ['logger', 'window_room', 'fill_staleness_window', 'gate_prepare_batch']
 
-# %% ../../nbs/47_areal.runahead.ipynb #bb44d53e
+# %% ../../nbs/47_areal.runahead.ipynb #6a5e7157
 import logging
 import time
 
-# %% ../../nbs/47_areal.runahead.ipynb #126d47e4
+# %% ../../nbs/47_areal.runahead.ipynb #c0d758c9
 logger = logging.getLogger("sao_repro.areal")
 
 def window_room(sm) -> int:
@@ -45,7 +45,7 @@ def fill_staleness_window(
         time.sleep(poll_s)
     return {"enqueued": n, "waited_s": round(time.time() - t0, 3)}
 
-# %% ../../nbs/47_areal.runahead.ipynb #fcbdc3ea
+# %% ../../nbs/47_areal.runahead.ipynb #0f3e964a
 def gate_prepare_batch(
     rollout, # the trainer's rollout engine (AReaL's `RemotevLLMEngine` or a subclass)
     timeout_s:float=600.0, # `fill_staleness_window`'s limit
