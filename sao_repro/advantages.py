@@ -14,9 +14,9 @@ from .core import Registry, check_shape, check_mask
 from .gae import skip_obs_gae, sequence_reward_to_tokens
 
 # %% auto #0
-__all__ = ['ADVANTAGES', 'register_advantage', 'list_advantages', 'ADVANTAGE_INPUTS', 'RunningMean', 'get_advantage',
-           'gae_advantages', 'grpo_advantages', 'batch_norm_advantages', 'RunningMeanBaseline',
-           'running_mean_advantages']
+__all__ = ['ADVANTAGES', 'register_advantage', 'list_advantages', 'ADVANTAGE_INPUTS', 'GRPO_STD_EPS', 'RunningMean',
+           'get_advantage', 'gae_advantages', 'group_normalize', 'grpo_advantages', 'batch_norm_advantages',
+           'RunningMeanBaseline', 'running_mean_advantages']
 
 # %% ../nbs/12_advantages.ipynb #609ea8a0
 ADVANTAGES = Registry("advantage estimator")
@@ -67,11 +67,28 @@ def gae_advantages(
     return skip_obs_gae(sequence_reward_to_tokens(r, loss_mask), values.float(), loss_mask, gamma, lam)
 
 # %% ../nbs/12_advantages.ipynb #fbdc05d6
-def _normalize(r:torch.Tensor, eps:float=1e-6) -> torch.Tensor:
+GRPO_STD_EPS = 1e-6  # a group (or batch) whose reward std is at most this carries no signal: advantage 0
+
+def _normalize(r:torch.Tensor, eps:float=GRPO_STD_EPS) -> torch.Tensor:
     "(r - mean) / std along the last dim; 0 where the spread is below `eps`."
     mean = r.mean(-1, keepdim=True)
     std = r.std(-1, keepdim=True) if r.shape[-1] > 1 else torch.zeros_like(mean)
     return torch.where(std > eps, (r - mean) / std.clamp(min=eps), torch.zeros_like(r))
+
+def group_normalize(
+    rewards:torch.Tensor, # [B] float outcome reward per sequence, B a multiple of group_size
+    group_size:int, # G: contiguous samples per prompt (>= 2)
+) -> torch.Tensor:
+    """GRPO's per-sequence advantage [B]: A_i = (r_i - mean_g) / std_g over B/G contiguous groups g (unbiased std),
+    0 in a group with std_g <= GRPO_STD_EPS (verl adds 1e-6, AReaL 1e-5 to the std instead)."""
+    check_shape("rewards", rewards, (None,))
+    if group_size < 2:
+        raise ValueError(f"grpo needs group_size >= 2 (got {group_size}); for one sample per prompt use "
+                         "'batch_norm' or 'running_mean'")
+    if rewards.shape[0] % group_size:
+        raise ValueError(f"batch of {rewards.shape[0]} sequences is not a multiple of group_size={group_size}; "
+                         "sample group_size completions per prompt")
+    return _normalize(rewards.view(-1, group_size)).view(-1)
 
 # %% ../nbs/12_advantages.ipynb #3cf134ae
 @register_advantage("grpo")
@@ -83,13 +100,7 @@ def grpo_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "GRPO: (r - group mean) / group std on every action token."
     r = _check_adv_inputs(rewards, loss_mask)
-    if group_size < 2:
-        raise ValueError(f"grpo needs group_size >= 2 (got {group_size}); for one sample per prompt use "
-                         "'batch_norm' or 'running_mean'")
-    if r.shape[0] % group_size:
-        raise ValueError(f"batch of {r.shape[0]} sequences is not a multiple of group_size={group_size}; "
-                         "sample group_size completions per prompt")
-    a = _normalize(r.view(-1, group_size)).view(-1)
+    a = group_normalize(r, group_size)
     return _on_tokens(a, loss_mask), _on_tokens(r, loss_mask)
 
 # %% ../nbs/12_advantages.ipynb #4d8e8fa8

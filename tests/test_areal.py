@@ -683,3 +683,113 @@ def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeyp
     assert src["path"] == str(ck.resolve()) and src["step"] == 12 and len(src["sha256"]) == 64
     import hashlib
     assert src["sha256"] == hashlib.sha256((ck / "model.safetensors").read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- one reward placement, one GRPO, mismatch stats
+
+def obs_tail_batch():
+    """AReaL layout, width 9: row 0 = prompt 2 + actions 3 + a tool's output 2 (ends on observation tokens) + padding;
+    row 1 = prompt 2 + actions 4 + padding; row 2 = prompt 1 + actions 2 + observation 1 + actions 2 + observation 3."""
+    lmask = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1, 0, 0, 0]])
+    attn = torch.tensor([[1] * 7 + [0] * 2, [1] * 6 + [0] * 3, [1] * 9])
+    g = torch.Generator().manual_seed(3)
+    return {"input_ids": torch.randint(0, 50, (3, 9), generator=g), "attention_mask": attn, "loss_mask": lmask,
+            "logprobs": -torch.rand(3, 9, generator=g) * attn, "values": torch.randn(3, 9, generator=g),
+            "rewards": torch.tensor([1.0, -0.5, 2.0])}
+
+
+def test_reward_on_the_last_action_as_the_testbed_for_rows_ending_on_observations():
+    from sao_repro.advantages import get_advantage
+    data = obs_tail_batch()
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
+                         sao=SAOSection(setting="sao", policy_lambda="0.9", critic_lambda=1.0, warmup_steps=10))
+    o = SAOPPOActor(cfg, engine=None)._compute_advantages(copy.deepcopy(data))
+    m = torch.roll(data["loss_mask"], -1, -1).bool()  # the testbed's mask: position t is the action emitting token t+1
+    adv_tb, _ = get_advantage("gae")(data["rewards"], m, values=data["values"], gamma=1.0, lam=0.9)
+    _, ret_tb = get_advantage("gae")(data["rewards"], m, values=data["values"], gamma=1.0, lam=1.0)
+    torch.testing.assert_close(o["advantages"], adv_tb)
+    torch.testing.assert_close(o["returns"], ret_tb)
+    assert torch.equal(o["returns"][0][m[0]], torch.ones(3))  # the outcome reaches every action of row 0
+    # AReaL 1.0.4 puts row 0's and row 2's rewards at seqlens - 2, an observation token: their actions never see them
+    theirs = PPOActor(PPOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
+                                     discount=1.0, gae_lambda=1.0), engine=None)
+    zero_v = copy.deepcopy(data)
+    zero_v["values"].zero_()
+    a = theirs._compute_advantages(zero_v)
+    assert torch.equal(a["returns"][0][m[0]], torch.zeros(3)) and torch.equal(a["returns"][2][m[2]], torch.zeros(4))
+    torch.testing.assert_close(a["returns"][1][m[1]], torch.full((4,), -0.5))  # a row ending on an action: as ours
+
+
+@pytest.mark.parametrize("setting", ["grpo", "grpo_dis"])
+def test_grpo_advantages_equal_in_both_backends_at_std_0_1e7_and_half(setting):
+    from areal.api.cli_args import NormConfig
+    from sao_repro.advantages import grpo_advantages
+    z = torch.tensor([-1.5, -0.5, 0.5, 1.5])
+    rewards = torch.cat([torch.ones(4), z / z.std() * 1e-7, z / z.std() * 0.5 + 0.25])
+    B, T = 12, 7
+    g = torch.Generator().manual_seed(0)
+    lmask, attn = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):  # prompt 2 + 1..4 actions, right-padded
+        n = int(torch.randint(1, 5, (1,), generator=g))
+        lmask[b, 2:2 + n], attn[b, :2 + n] = 1, 1
+    data = {"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": attn,
+            "loss_mask": lmask, "logprobs": torch.zeros(B, T), "rewards": rewards}
+    s = get_setting(setting)
+    band = {"rejection_sampling": RS} if s.band else {}
+    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
+                         reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
+                         use_decoupled_loss=s.band is not None, **band, sao=SAOSection(setting=setting))
+    actor = SAOPPOActor(cfg, engine=None)
+    assert type(actor.reward_norm).__name__ == "GroupRewardNorm"
+    o = actor._compute_advantages(copy.deepcopy(data))
+    m = torch.roll(lmask, -1, -1).bool()
+    adv_tb, _ = grpo_advantages(rewards, m, group_size=4)
+    torch.testing.assert_close(o["advantages"], adv_tb, rtol=0, atol=1e-6)
+    assert torch.equal(o["advantages"][:8], torch.zeros(8, T))  # std 0 and 1e-7: no signal in either backend
+    assert float(o["advantages"][8:][m[8:]].abs().max()) > 1.0
+    theirs = PPOActor(PPOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
+                                     reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4)),
+                      engine=None)._compute_advantages(copy.deepcopy(data))
+    assert float(theirs["advantages"][4:8].abs().max()) > 5e-3  # AReaL's std + 1e-5 turns float noise into a signal
+
+
+def test_version_stats_count_generated_tokens_not_padding():
+    from sao_repro.areal.engine import version_stats
+    # versions as AReaL pads a batch: -1 on the prompt, 0 in the padding after shorter rows
+    versions = torch.tensor([[-1, -1, 5, 5, 6, 0, 0], [-1, 6, 6, 6, 6, 6, 6], [-1, -1, -1, 5, 0, 0, 0]])
+    lmask = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 0, 0, 0]])
+    st = version_stats(versions, 6, lmask)
+    assert (st["rollout/version_min"], st["rollout/version_max"]) == (5.0, 6.0)
+    assert st["rollout/resubmitted_frac"] == pytest.approx(1 / 3)
+    assert version_stats(versions, 6, torch.zeros_like(lmask)) == {"rollout/trainer_version": 6.0}
+
+
+def test_actor_logs_mismatch_and_lag_every_step():
+    "The actor's `_compute_advantages` logs the `mismatch/` keys (lag only without recomputed log-probs)."
+    data = obs_tail_batch()
+    data["versions"] = torch.where(data["loss_mask"].bool(), torch.tensor([[4], [3], [4]]), torch.zeros(3, 9, dtype=torch.long))
+    data["prox_logp"] = torch.roll(data["logprobs"], -1, -1).clone()
+    data["prox_logp"][1] += 0.2  # the lagged row differs; the current rows agree exactly
+    for prox in (True, False):
+        cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
+                             use_decoupled_loss=prox, recompute_logprob=prox,
+                             sao=SAOSection(setting="sao", policy_lambda="1.0", warmup_steps=0, strict=False))
+        actor = SAOPPOActor(cfg, SimpleNamespace(get_version=lambda: 4))
+        d = copy.deepcopy(data)
+        if not prox:
+            d.pop("prox_logp")
+        tracker = DistributedStatsTracker()
+        import sao_repro.areal.engine as E
+        old = E.stats_tracker.scalar
+        E.stats_tracker.scalar = tracker.scalar
+        try:
+            actor._compute_advantages(d)
+        finally:
+            E.stats_tracker.scalar = old
+        got = tracker.export()
+        assert got["mismatch/lag_max"] == 1.0 and got["mismatch/current_frac"] == pytest.approx(7 / 11)
+        assert got["rollout/version_min"] == 3.0
+        if prox:
+            assert got["mismatch/k3_kl"] == 0.0 and got["mismatch/k3_kl_all"] > 0.0
+        else:
+            assert "mismatch/k3_kl" not in got and "mismatch/k3_kl_all" not in got

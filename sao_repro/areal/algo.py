@@ -11,12 +11,12 @@ import torch.distributed as dist
 from ..core import check_shape
 from ..gae import skip_obs_gae, adaptive_lambda
 from ..dis import dis_mask, dis_split, log_ratio
-from ..advantages import RunningMeanBaseline
+from ..advantages import RunningMeanBaseline, group_normalize
 from ..settings import Setting
 
 # %% auto #0
-__all__ = ['AREAL_VERSION', 'DIS_DENOMINATOR', 'skip_obs_advantages', 'RunningMeanRewardNorm', 'dis_token_masks', 'log_dis_stats',
-           'areal_actor_keys']
+__all__ = ['AREAL_VERSION', 'DIS_DENOMINATOR', 'skip_obs_advantages', 'RunningMeanRewardNorm', 'GroupRewardNorm',
+           'dis_token_masks', 'log_dis_stats', 'areal_actor_keys']
 
 # %% ../../nbs/35_areal.algo.ipynb #9952c2cf
 AREAL_VERSION = "1.0.4"  # the AReaL release these pieces are written and tested against
@@ -88,6 +88,26 @@ class RunningMeanRewardNorm:
     def load_state_dict(self, state:dict):
         self.baseline.load_state_dict(state)
         return self
+
+# %% ../../nbs/35_areal.algo.ipynb #70f2ac3e
+class GroupRewardNorm:
+    "AReaL `reward_norm` hook for GRPO: `group_normalize` (std <= 1e-6: 0, else (r - mean) / std) over contiguous groups."
+    def __init__(self,
+                 group_size:int, # G: contiguous samples per prompt in each rank's batch
+                ):
+        if int(group_size) < 2:
+            raise ValueError(f"GroupRewardNorm needs group_size >= 2 (got {group_size}): one sample per prompt has no group")
+        self.group_size = int(group_size)
+
+    @torch.no_grad()
+    def __call__(self,
+                 x:torch.Tensor, # [B] this rank's rewards, B a multiple of group_size
+                 loss_mask:torch.Tensor|None=None, # accepted for AReaL's `Normalization` signature; unused
+                 high_precision:bool=True, # idem
+                 reduce_group=None, # idem
+                ) -> torch.Tensor:
+        check_shape("rewards", x, (None,))
+        return group_normalize(x.float(), self.group_size)
 
 # %% ../../nbs/35_areal.algo.ipynb #dc75f87c
 DIS_DENOMINATOR = "dis/n_tokens"

@@ -1,0 +1,90 @@
+"""The engine-vs-trainer mismatch figures: vectorized against the plain loop, junk off the mask, lag apart."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings as hsettings, strategies as st, HealthCheck
+
+from sao_repro.mismatch import MISMATCH_KEYS, mismatch_metrics, mismatch_reference
+
+HS = dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def batches(draw):
+    B, T = draw(st.integers(1, 4)), draw(st.integers(1, 30))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    mask = torch.rand(B, T, generator=g) < draw(st.floats(0.0, 1.0))
+    logp = -torch.rand(B, T, generator=g) * 5
+    behav = logp + torch.randn(B, T, generator=g) * draw(st.floats(0.0, 3.0))
+    V = draw(st.integers(0, 6))
+    versions = torch.randint(0, V + 1, (B, T), generator=g)
+    if draw(st.booleans()):  # a batch of one version, as the testbed makes
+        versions = torch.full((B, T), draw(st.integers(0, V)))
+    if draw(st.booleans()):  # an engine reporting -inf for some token
+        behav = torch.where(torch.rand(B, T, generator=g) < 0.1, torch.full_like(behav, float("-inf")), behav)
+    return logp, behav, versions, mask, V
+
+
+@hsettings(**HS)
+@given(batches())
+def test_vectorized_agrees_with_the_loop(b):
+    logp, behav, versions, mask, V = b
+    got, ref = mismatch_metrics(logp, behav, versions, mask, V), mismatch_reference(logp, behav, versions, mask, V)
+    assert set(got) == set(ref) and set(got) <= set(MISMATCH_KEYS)
+    for k in got:
+        assert got[k] == pytest.approx(ref[k], rel=1e-6, abs=1e-9), k
+
+
+@hsettings(**HS)
+@given(batches(), st.integers(0, 2**31 - 1))
+def test_junk_off_the_mask_changes_nothing(b, seed):
+    logp, behav, versions, mask, V = b
+    g = torch.Generator().manual_seed(seed)
+    off = ~mask
+    junk_lp = torch.where(off, torch.randn(logp.shape, generator=g) * 100, logp)
+    junk_lp[off & (torch.rand(logp.shape, generator=g) < 0.3)] = float("nan")
+    junk_bh = torch.where(off, torch.full_like(behav, float("inf")), behav)
+    junk_v = torch.where(off, torch.randint(-5, 50, versions.shape, generator=g), versions)
+    assert mismatch_metrics(junk_lp, junk_bh, junk_v, mask, V) == mismatch_metrics(logp, behav, versions, mask, V)
+
+
+def test_inputs_are_not_changed():
+    g = torch.Generator().manual_seed(0)
+    logp, behav = -torch.rand(3, 8, generator=g), -torch.rand(3, 8, generator=g)
+    versions, mask = torch.randint(0, 3, (3, 8), generator=g), torch.rand(3, 8, generator=g) < 0.7
+    before = [t.clone() for t in (logp, behav, versions, mask)]
+    mismatch_metrics(logp, behav, versions, mask, 2)
+    assert all(torch.equal(a, b) for a, b in zip(before, (logp, behav, versions, mask)))
+
+
+def test_lag_apart_from_mismatch():
+    """Identical numerics on current tokens and a large gap on lagged ones: k3_kl stays 0 while k3_kl_all and the
+    lag show the old tokens; the same gap on current tokens shows in k3_kl."""
+    g = torch.Generator().manual_seed(1)
+    logp = -torch.rand(4, 16, generator=g) * 3
+    mask = torch.ones(4, 16, dtype=torch.bool)
+    versions = torch.tensor([7, 7, 5, 4])[:, None].expand(4, 16)
+    behav = logp.clone()
+    behav[2:] += torch.randn(2, 16, generator=g)
+    m = mismatch_metrics(logp, behav, versions, mask, 7)
+    assert m["mismatch/k3_kl"] == 0.0 and m["mismatch/k3_kl_all"] > 0.05
+    assert m["mismatch/lag_max"] == 3.0 and m["mismatch/lag_mean"] == pytest.approx((0 + 0 + 2 + 3) / 4)
+    assert m["mismatch/current_frac"] == 0.5 and m["mismatch/ess"] < 1.0
+    assert mismatch_metrics(logp, behav, torch.full_like(versions, 7), mask, 7)["mismatch/k3_kl"] > 0.05
+
+
+def test_no_current_token_leaves_k3_kl_out():
+    logp, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    m = mismatch_metrics(logp, logp - 0.1, torch.full((2, 3), 2), mask, 4)
+    assert "mismatch/k3_kl" not in m and m["mismatch/current_frac"] == 0.0
+    assert m["mismatch/k3_kl_all"] == pytest.approx(math.expm1(0.1) - 0.1)
+    assert m["mismatch/lag_max"] == 2.0
+
+
+def test_huge_ratios_do_not_overflow():
+    logp = torch.tensor([[0.0, 0.0, 0.0]])
+    behav = torch.tensor([[-800.0, 0.0, 800.0]], dtype=torch.float64)
+    m = mismatch_metrics(logp.double(), behav, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), 0)
+    assert all(math.isfinite(v) or k in ("mismatch/k3_kl", "mismatch/k3_kl_all") for k, v in m.items())
+    assert m["mismatch/ess"] == pytest.approx(1 / 3)  # one ratio dominates: the effective sample is one token of three
