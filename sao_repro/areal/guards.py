@@ -8,14 +8,14 @@ Docs: https://sao-repro.github.io/sao-repro/areal.guards.html.md"""
 __all__ = ['logger', 'OFF_ENV', 'GUARDS', 'HALF', 'GUARDED_ENGINES', 'Guard', 'guard_on', 'areal_has_fix', 'guard_report',
            'staleness_manager_of', 'sync_staleness_after_recover', 'pin_served_version', 'optimizer_dtype_problems']
 
-# %% ../../nbs/46_areal.guards.ipynb #793c0201
+# %% ../../nbs/46_areal.guards.ipynb #6fe758cf
 import contextvars
 import inspect
 import logging
 import os
 from dataclasses import dataclass
 
-# %% ../../nbs/46_areal.guards.ipynb #125c7142
+# %% ../../nbs/46_areal.guards.ipynb #f65e3878
 logger = logging.getLogger("sao_repro.areal")
 OFF_ENV = "SAO_AREAL_GUARDS_OFF"  # comma-separated guard names (or `all`) to switch off: tests, or after an AReaL upgrade
 
@@ -43,7 +43,7 @@ def guard_on(name:str) -> bool:
     off = {s.strip() for s in os.environ.get(OFF_ENV, "").split(",") if s.strip()}
     return not ({name, "all"} & off)
 
-# %% ../../nbs/46_areal.guards.ipynb #cac55960
+# %% ../../nbs/46_areal.guards.ipynb #b0834db2
 def areal_has_fix(name:str) -> bool:
     "Does the installed AReaL already carry the fix guard `name` stands in for?"
     if name == "staleness":
@@ -63,7 +63,7 @@ def guard_report() -> dict[str, str]:
     "For each guard: 'acts' (on, AReaL lacks the fix), 'stands by' (on, the fix is installed) or 'off'."
     return {n: "off" if not guard_on(n) else "stands by" if areal_has_fix(n) else "acts" for n in GUARDS}
 
-# %% ../../nbs/46_areal.guards.ipynb #6fb85b65
+# %% ../../nbs/46_areal.guards.ipynb #ff3219a7
 def staleness_manager_of(rollout):
     "AReaL's staleness manager of a rollout engine (SPMD: its workflow executor's) or controller; None if there is none."
     for path in (("workflow_executor", "staleness_manager"), ("staleness_manager",)):
@@ -89,7 +89,7 @@ def sync_staleness_after_recover(
             sm.rollout_stat.accepted = want
     return {"accepted_before": before, "accepted": max(before, want), "acted": before < want}
 
-# %% ../../nbs/46_areal.guards.ipynb #e96f0ff0
+# %% ../../nbs/46_areal.guards.ipynb #1394ab34
 _PINNED = contextvars.ContextVar("sao_served_version", default=None)
 _GENERATING = contextvars.ContextVar("sao_generating", default=False)
 
@@ -123,7 +123,7 @@ def pin_served_version(
     engine.get_version, engine.agenerate, engine._sao_version_pinned = get_version, agenerate, True
     return True
 
-# %% ../../nbs/46_areal.guards.ipynb #2826e49d
+# %% ../../nbs/46_areal.guards.ipynb #64884995
 HALF = ("bfloat16", "bf16", "float16", "fp16")
 
 def optimizer_dtype_problems(
@@ -147,7 +147,7 @@ def optimizer_dtype_problems(
                        f"stalls training (AReaL issue 1292); set {role}.optimizer_dtype=float32")
     return out
 
-# %% ../../nbs/46_areal.guards.ipynb #ceab8cef
+# %% ../../nbs/46_areal.guards.ipynb #767c8219
 GUARDED_ENGINES = {"vllm": f"{__name__}.GuardedRemotevLLMEngine", "sglang": f"{__name__}.GuardedRemoteSGLangEngine"}
 
 def _guarded_classes() -> dict:

@@ -79,7 +79,7 @@ def ray_running(
     except (OSError, subprocess.TimeoutExpired):
         return False
 
-# %% ../../nbs/41_areal.launch.ipynb #de3c45ee
+# %% ../../nbs/41_areal.launch.ipynb #29541523
 RAY_TEMP = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"  # Ray's temp folder: a session_<date>_<pid> per head
 
 def ray_sessions(

@@ -7,11 +7,11 @@ Docs: https://sao-repro.github.io/sao-repro/areal.runahead.html.md"""
 # %% auto #0
 __all__ = ['logger', 'window_room', 'fill_staleness_window', 'gate_prepare_batch']
 
-# %% ../../nbs/47_areal.runahead.ipynb #6a5e7157
+# %% ../../nbs/47_areal.runahead.ipynb #7f7c04de
 import logging
 import time
 
-# %% ../../nbs/47_areal.runahead.ipynb #c0d758c9
+# %% ../../nbs/47_areal.runahead.ipynb #b133c724
 logger = logging.getLogger("sao_repro.areal")
 
 def window_room(sm) -> int:
@@ -24,7 +24,8 @@ def fill_staleness_window(
     timeout_s:float=600.0, # give up waiting after this long (a warning; training goes on)
     poll_s:float=0.05,
 ) -> dict:
-    "Enqueue inputs until AReaL's staleness window is covered and wait until they are generated; what it did."
+    """Enqueue inputs until AReaL's staleness window is covered and wait until all but the newest consumer batch are
+    generated (that one generates while the trainer trains, as on a cluster); what it did."""
     gen = getattr(executor, "data_generator", None)
     if gen is None:  # before AReaL's first prepare_batch: nothing to draw inputs from
         return {"enqueued": 0, "waited_s": 0.0}
@@ -36,7 +37,7 @@ def fill_staleness_window(
             dispatcher.submit_task_input(next(gen))
             n += 1
             continue
-        if st.running == 0 and (st.enqueued == 0 or window_room(sm) <= 0):
+        if st.running + st.enqueued <= max(1, sm.consumer_batch_size) or (st.running == 0 and window_room(sm) <= 0):
             break
         if time.time() - t0 > timeout_s:
             logger.warning(f"rollout_ahead: rollout did not fill the staleness window within {timeout_s:.0f} s "
@@ -45,7 +46,7 @@ def fill_staleness_window(
         time.sleep(poll_s)
     return {"enqueued": n, "waited_s": round(time.time() - t0, 3)}
 
-# %% ../../nbs/47_areal.runahead.ipynb #0f3e964a
+# %% ../../nbs/47_areal.runahead.ipynb #ea565160
 def gate_prepare_batch(
     rollout, # the trainer's rollout engine (AReaL's `RemotevLLMEngine` or a subclass)
     timeout_s:float=600.0, # `fill_staleness_window`'s limit
