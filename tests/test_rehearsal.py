@@ -235,6 +235,11 @@ LAG = "mismatch/lag_max"
 ETA = 2  # configs/phase2_hard_*.yaml + cpu_rehearsal.yaml: rollout.max_head_offpolicyness
 
 
+def lag(r):
+    "A step's mismatch/lag_max (trainer version minus the oldest generated token's version), whichever prefix the run logged it under."
+    return r[LAG] if LAG in r else r["areal/" + LAG]
+
+
 @needs_areal
 @pytest.mark.slow
 def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens(rehearsed):
@@ -247,11 +252,11 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
         ahead = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "rollout_ahead"]
         assert ahead and all(a["applied"] and a["max_head_offpolicyness"] == ETA for a in ahead), (s, ahead)
         rs = rows(d)
-        assert rs[0][LAG] == 0.0, s
-        assert all(1 <= r[LAG] <= ETA for r in rs[1:]), (s, [r[LAG] for r in rs])
-        assert max(r[LAG] for r in rs) == ETA, (s, [r[LAG] for r in rs])  # the whole window is used
+        assert lag(rs[0]) == 0.0, s
+        assert all(1 <= lag(r) <= ETA for r in rs[1:]), (s, [lag(r) for r in rs])
+        assert max(lag(r) for r in rs) == ETA, (s, [lag(r) for r in rs])  # the whole window is used
     for s in ("grpo_dis", "single_dis", "sao"):  # decoupled loss + DIS: AReaL's behave weights and our ratios move off 1
-        old = [r for r in rows(run_dir(rehearsed, s)) if r[LAG] >= 1 and BIW + "min" in r]
+        old = [r for r in rows(run_dir(rehearsed, s)) if lag(r) >= 1 and BIW + "min" in r]
         assert old, s
         assert all(max(1 - r[BIW + "min"], r[BIW + "max"] - 1) > 1e-3 for r in old), (s, [(r[BIW + "min"], r[BIW + "max"]) for r in old])
         assert all("dis/masked_frac" in r for r in old), s
@@ -431,7 +436,7 @@ def test_no_offpolicyness_means_no_lag_and_the_engine_serves_the_trainers_versio
     assert rec["returncode"] == 0, (run.run_dir / "main.log").read_text()[-3000:]
     rs = rows(run.run_dir)
     assert json.loads((run.run_dir / "config.json").read_text())["rollout"]["max_head_offpolicyness"] == 0
-    assert [r["step"] for r in rs] == [1, 2, 3] and all(r[LAG] == 0.0 for r in rs), [r.get(LAG) for r in rs]
+    assert [r["step"] for r in rs] == [1, 2, 3] and all(lag(r) == 0.0 for r in rs), [lag(r) for r in rs]
     assert all(r["areal/rollout/current_frac"] == 1.0 and r[GAP] <= 1e-4 for r in rs), [r.get(GAP) for r in rs]
 
 
@@ -518,14 +523,14 @@ def test_kill_9_and_resume_hold_the_staleness_bound(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "SAO_TEST_AREAL_TAG_STALENESS": "1"}
     before, rs, d = kill_9_and_resume(tmp_path, "grpo_dis", 7, 4, env)
-    assert 4 <= len(before) < 7 and max(r[LAG] for r in before) == ETA, [r[LAG] for r in before]  # ran ahead before the kill
+    assert 4 <= len(before) < 7 and max(lag(r) for r in before) == ETA, [lag(r) for r in before]  # ran ahead before the kill
     assert [r["step"] for r in rs] == list(range(1, 8))
-    assert all(r[LAG] <= ETA for r in rs), [r[LAG] for r in rs]
+    assert all(lag(r) <= ETA for r in rs), [lag(r) for r in rs]
     assert "resume" in events(d)
     guard = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "guard_staleness"]
     assert guard and guard[-1]["acted"] and guard[-1]["accepted_before"] == 0, guard  # AReaL (as tagged) left it at 0
     check_engine_agrees(rs)  # the resumed weights reached the new server before its first batch
-    print("mismatch/lag_max by step (killed after", len(before), "):", [r[LAG] for r in rs])
+    print("mismatch/lag_max by step (killed after", len(before), "):", [lag(r) for r in rs])
 
 
 DIE_IN_SAVE = """
