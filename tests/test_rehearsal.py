@@ -513,19 +513,21 @@ def kill_9_and_resume(tmp_path, setting, steps, kill_after, env=None):
 @needs_vllm
 @pytest.mark.slow
 def test_kill_9_and_resume_hold_the_staleness_bound(tmp_path):
-    """grpo_dis with rollout ahead (max_head_offpolicyness 2), killed with kill -9 after 4 steps and resumed to 7: rollout
-    ran ahead before the kill, and the bound mismatch/lag_max <= 2 holds at every step after the resume. AReaL's own
+    """grpo_dis with rollout ahead (max_head_offpolicyness 2), killed with kill -9 after 4 steps and resumed to 9: rollout
+    ran ahead before the kill and again after the resume, and mismatch/lag_max <= 2 holds at every step. AReaL's own
     recover fix (PR 1345, in PyPI's 1.0.4) is taken out for this run, as in the v1.0.4 tag: the guard alone holds the
-    bound (without it the window after a resume at version v is v batches too wide; see the operations guide)."""
+    bound. Without it the window after a resume at version v is v batches too wide and the lag grows one version a step
+    from the resume on (0, 1, 2, 3, ...), past the bound from the 4th step after it: hence 9 steps."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(AREAL_TAG_STALENESS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "SAO_TEST_AREAL_TAG_STALENESS": "1"}
-    before, rs, d = kill_9_and_resume(tmp_path, "grpo_dis", 7, 4, env)
-    assert 4 <= len(before) < 7 and max(lag(r) for r in before) == ETA, [lag(r) for r in before]  # ran ahead before the kill
-    assert [r["step"] for r in rs] == list(range(1, 8))
+    before, rs, d = kill_9_and_resume(tmp_path, "grpo_dis", 9, 4, env)
+    assert 4 <= len(before) < 9 and max(lag(r) for r in before) == ETA, [lag(r) for r in before]  # ran ahead before the kill
+    assert [r["step"] for r in rs] == list(range(1, 10))
     assert all(lag(r) <= ETA for r in rs), [lag(r) for r in rs]
+    assert max(lag(r) for r in rs[-4:]) == ETA, [lag(r) for r in rs]  # and again after the resume
     assert "resume" in events(d)
     guard = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "guard_staleness"]
     assert guard and guard[-1]["acted"] and guard[-1]["accepted_before"] == 0, guard  # AReaL (as tagged) left it at 0
