@@ -242,7 +242,7 @@ AREAL_MAP = {
     "critic/value_loss": ("ppo_critic/update/critic_loss/avg",),
     "critic/grad_norm": ("ppo_critic/update/grad_norm",),
 }
-NAMESPACED_RE = re.compile(r"(?:^|/)((?:dis|adv|critic|actor|reward|rollout|perf|eval)/[\w.\-]+)(?:/avg)?$")
+NAMESPACED_RE = re.compile(r"(?:^|/)((?:dis|adv|critic|actor|reward|rollout|mismatch|perf|eval)/[\w.\-]+)(?:/avg)?$")
 
 def areal_to_metrics(raw:dict) -> dict:
     "Map one step of AReaL stats `raw` to shared metric names (plus `areal/<key>` raw copies)."

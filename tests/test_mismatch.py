@@ -88,3 +88,59 @@ def test_huge_ratios_do_not_overflow():
     m = mismatch_metrics(logp.double(), behav, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), 0)
     assert all(math.isfinite(v) or k in ("mismatch/k3_kl", "mismatch/k3_kl_all") for k, v in m.items())
     assert m["mismatch/ess"] == pytest.approx(1 / 3)  # one ratio dominates: the effective sample is one token of three
+
+
+# ---------------------------------------------------------------- the testbed logs them every step
+from sao_repro.mini.train import MiniTrainer, read_metrics, train_run  # noqa: E402
+from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: E402,F401 (smoke_cache: an autouse fixture)
+
+LAG_KEYS = ("mismatch/lag_mean", "mismatch/lag_max", "mismatch/current_frac")
+
+
+def test_testbed_logs_mismatch_apart_from_lag_every_step(tmp_path):
+    d = train_run(smoke_cfg("grpo_dis", tmp_path, steps=8, lag=2, lag_mode="random", noise=1.0), log=None)
+    ms = read_metrics(d)
+    assert {m["rollout/policy_lag"] for m in ms} == {0, 1, 2}  # this seed draws every lag
+    for m in ms:
+        lag = m["rollout/policy_lag"]
+        assert all(k in m for k in LAG_KEYS + ("mismatch/k3_kl_all", "mismatch/ess", "mismatch/ratio_min",
+                                               "mismatch/ratio_max", "mismatch/log_ratio_p01", "mismatch/log_ratio_p99"))
+        assert m["mismatch/lag_max"] == m["mismatch/lag_mean"] == lag
+        assert m["mismatch/current_frac"] == (1.0 if lag == 0 else 0.0)
+        assert ("mismatch/k3_kl" in m) == (lag == 0)  # the trainer's own version: lag 0 only
+        assert m["mismatch/log_ratio_p01"] <= m["mismatch/log_ratio_p99"] and 0 < m["mismatch/ess"] <= 1
+    assert all(m["mismatch/k3_kl"] > 1e-3 for m in ms if "mismatch/k3_kl" in m)  # the injected logit noise
+
+
+def _sync_rollout(self):
+    "A synchronous loop: the trainer's own policy object samples the batch (no copy, no history)."
+    from sao_repro.mini.rollout import collect, pick_lag
+    from sao_repro.mini.task import sample_problems
+    cfg, s = self.cfg, self.setting
+    lag = pick_lag(cfg.rollout(), self.step, self.rng)
+    assert lag == 0
+    prompts = sample_problems(cfg.task(), cfg.traj_per_step // s.group_size, "train", self.rng)
+    problems = [p for p in prompts for _ in range(s.group_size)]
+    return collect(self.policy, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
+
+
+@pytest.mark.parametrize("setting, kw", [("single_dis", {}), ("grpo_dis", {"minibatches": 2}), ("sao", {"critic_warmup": 1})])
+def test_lag_0_without_noise_is_the_synchronous_loop(setting, kw, tmp_path, monkeypatch):
+    """Lag 0, no logit noise: the behaviour policy is the trainer's weights bit for bit, nothing is masked, the
+    mismatch is float rounding alone (the engine scores each token on its prefix, the trainer on the whole row), and
+    every metric equals the synchronous loop's."""
+    import sao_repro.mini.train as MT
+    cfg = smoke_cfg(setting, tmp_path / "async", steps=4, lag=0, noise=0.0, **kw)
+    tr = MiniTrainer(cfg, log=None)
+    ro, lag = tr.rollout()
+    assert lag == 0 and all(torch.equal(a, b) for a, b in zip(tr.behav.state_dict().values(), tr.policy.state_dict().values()))
+    ms = read_metrics(train_run(cfg, log=None))
+    for m in ms:
+        assert m["mismatch/lag_max"] == 0.0 and m["mismatch/current_frac"] == 1.0
+        assert 0.0 <= m["mismatch/k3_kl"] < 1e-10 and m["mismatch/k3_kl"] == m["mismatch/k3_kl_all"]
+        assert max(abs(m["mismatch/log_ratio_p01"]), abs(m["mismatch/log_ratio_p99"])) < 1e-5
+        assert m["mismatch/ess"] == pytest.approx(1.0, abs=1e-10)
+        assert m["dis/masked_below_frac"] == 0.0 and m["dis/masked_above_frac"] == 0.0 and m["dis/kept_frac"] == 1.0
+    monkeypatch.setattr(MT.MiniTrainer, "rollout", _sync_rollout)
+    sync = read_metrics(train_run(smoke_cfg(setting, tmp_path / "sync", steps=4, lag=0, noise=0.0, **kw), log=None))
+    assert strip_perf(sync) == strip_perf(ms)

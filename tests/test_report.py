@@ -149,13 +149,13 @@ def expand_braces(pattern):
 def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
-    assert len(lines) == 8  # accuracy, headline, numbers, per run, DIS, critic, health, distance (design / reference name their sources)
+    assert len(lines) == 9  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance (design / reference name their sources)
     assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
     named = [{re.fullmatch(r"runs\d*/mini/(\w+)/seed(\d)", p).groups() for c in re.findall(r"<code>([^<]*)</code>", line)
               for p in expand_braces(c)} for line in lines]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert named[0] == named[1] == named[2] == named[3] == named[6] == named[7] == every
-    assert named[4] == named[5] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
+    assert named[0] == named[1] == named[2] == named[3] == named[5] == named[7] == named[8] == every
+    assert named[4] == named[6] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
     assert html.count("sao-repro report --runs") >= 9
     assert 'id="health-table"' in html
     assert "sao-repro run --setting sao --seed 1 --steps 60" in html
@@ -482,3 +482,18 @@ def test_design_table_band_column_reads_config_json(tmp_path):
     d = R.design_table(runs_df=runs_df).set_index("setting")
     assert d.loc["single_dis", "band"] == "paper-math [0.7, 6]; reference [0.3, 5]"
     assert d.loc["sao", "band"] == "reference [0.3, 5]"  # no runs: the registry's
+
+
+def test_mismatch_table_per_setting_from_the_metrics(rendered, runs):
+    "One row per setting; the k3 KL over all tokens and the lag are those of the runs' own mismatch/ keys."
+    html = (rendered / "math_hard_report.html").read_text()
+    rows = {r["setting"]: r for r in table(html, "mismatch-table")}
+    assert set(rows) == set(SETTINGS)
+    df = collect_metrics(runs)
+    for s in SETTINGS:
+        mine = df[(df.setting == s)]
+        k3_all = mine[mine.metric == "mismatch/k3_kl_all"].value.astype(float)
+        assert rows[s]["k3_kl_all mean"] == f"{k3_all.mean():.2e}"
+        assert rows[s]["lag max"] == f"{mine[mine.metric == 'mismatch/lag_max'].value.max():.3f}" == "3.000"
+        k3 = mine[mine.metric == "mismatch/k3_kl"].value
+        assert rows[s]["measured"] == f"{len(k3)} / {STEPS * len(SEEDS)}" and len(k3) == len(SEEDS)  # lag 0 at step 1 only

@@ -7,6 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/metrics.health.html.md"""
 # %% ../../nbs/61_metrics.health.ipynb #be040988
 from __future__ import annotations
 import math
+import os
 import re
 import time
 from ..runlog import EVENTS_FILE
@@ -14,8 +15,9 @@ from ..runlog import EVENTS_FILE
 # %% auto #0
 __all__ = ['OOM_RE', 'NAN_RE', 'TIMEOUT_RE', 'PROGRESS_RE', 'TRACEBACK', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'EV_NEGATIVE_AFTER',
            'EV_RECENT', 'EV_FLAT', 'EV_FLAT_STEPS', 'STARVED_STEPS', 'ALL_NEGATIVE_STEPS', 'DIS_HEAVY_FRAC',
-           'DIS_RECENT', 'RETURNS_EPS', 'SAO_FLAGS', 'FileHealth', 'HealthScan', 'nonfinite_watched',
-           'pool_timeout_rate', 'timeout_rate', 'mark_degenerate', 'sao_flags', 'health_flags']
+           'DIS_RECENT', 'RETURNS_EPS', 'MISMATCH_BUDGET', 'MISMATCH_RECENT', 'SAO_FLAGS', 'FileHealth', 'HealthScan',
+           'nonfinite_watched', 'pool_timeout_rate', 'timeout_rate', 'mismatch_budget', 'mark_degenerate', 'sao_flags',
+           'health_flags']
 
 # %% ../../nbs/61_metrics.health.ipynb #67691b60
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory: kill|oom[-_ ]?kill|memory cgroup out of memory"
@@ -143,7 +145,21 @@ ALL_NEGATIVE_STEPS = 3  # all_negative: consecutive steps whose largest advantag
 DIS_HEAVY_FRAC = 0.2  # dis_heavy: mean share of tokens DIS zeroed above this
 DIS_RECENT = 10  # dis_heavy: over this many latest steps
 RETURNS_EPS = 1e-12  # degenerate_returns: a returns std at or below this means every return was equal
-SAO_FLAGS = ("critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns")
+MISMATCH_BUDGET = 1e-3  # mismatch_high: k3 KL budget (dense models in bf16 publish 1e-5 to 1e-3)
+MISMATCH_RECENT = 5  # mismatch_high: these many latest measured values must all be above the budget
+SAO_FLAGS = ("critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns",
+             "mismatch_high")
+
+def mismatch_budget(budget:float|None=None) -> float:
+    "The k3 KL budget: `budget`, else $SAO_REPRO_MISMATCH_BUDGET, else `MISMATCH_BUDGET`."
+    raw = budget if budget is not None else os.environ.get("SAO_REPRO_MISMATCH_BUDGET", MISMATCH_BUDGET)
+    try:
+        b = float(raw)
+    except (TypeError, ValueError):
+        b = math.nan
+    if not (math.isfinite(b) and b > 0):
+        raise ValueError(f"mismatch budget {raw!r} is not a positive number; set SAO_REPRO_MISMATCH_BUDGET to e.g. 1e-3")
+    return b
 
 def mark_degenerate(values:dict) -> dict:
     "One step's metrics with a degenerate batch (all returns equal) marked and its explained variance set to NaN."
@@ -174,6 +190,7 @@ def _zeroed(m:dict) -> float|None:
 
 # %% ../../nbs/61_metrics.health.ipynb #c1fbef4c
 def sao_flags(steps:dict, # {step: {metric: value}} of one run
+              budget:float|None=None, # mismatch_high's k3 KL budget (None: `mismatch_budget()`)
              ) -> dict[str, int|None]:
     "The step at which each SAO health flag (`SAO_FLAGS`) was set, or None."
     ev = _series(steps, "critic/explained_var")
@@ -185,9 +202,11 @@ def sao_flags(steps:dict, # {step: {metric: value}} of one run
     z = [(s, x) for s, m in sorted(steps.items()) if (x := _zeroed(m)) is not None and math.isfinite(x)][-DIS_RECENT:]
     heavy = z[-1][0] if z and sum(x for _, x in z) / len(z) > DIS_HEAVY_FRAC else None
     degen = [s for s, v in _series(steps, "critic/returns_std") if v <= RETURNS_EPS]
+    k3, b = _series(steps, "mismatch/k3_kl")[-MISMATCH_RECENT:], mismatch_budget(budget)
+    high = k3[-1][0] if len(k3) == MISMATCH_RECENT and all(v > b for _, v in k3) else None
     return {"critic_negative": neg, "critic_flat": flat, "critic_starved": _first_run(gn, STARVED_STEPS),
             "all_negative": _first_run(adv, ALL_NEGATIVE_STEPS), "dis_heavy": heavy,
-            "degenerate_returns": degen[-1] if degen else None}
+            "degenerate_returns": degen[-1] if degen else None, "mismatch_high": high}
 
 # %% ../../nbs/61_metrics.health.ipynb #8575a974
 def health_flags(

@@ -23,7 +23,7 @@ from .config import MiniRunConfig
 # %% auto #0
 __all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
            'RunExistsError', 'ConfigChangeError', 'NoCheckpointError', 'check_resumable', 'check_fresh',
-           'config_changes', 'readable_checkpoint', 'repair_logs']
+           'config_changes', 'readable_checkpoint', 'repair_logs', 'config_record', 'write_config', 'saved_config']
 
 # %% ../../nbs/29_mini.runfolder.ipynb #7f1a87af
 def read_metrics(run_dir, skipped: Counter | None = None) -> list[dict]:
@@ -138,3 +138,29 @@ def repair_logs(run_dir: Path) -> dict:
     if dropped:
         log_event(run_dir, "repair", dropped_lines=dropped)
     return dropped
+
+# %% ../../nbs/29_mini.runfolder.ipynb #f2752211
+def config_record(cfg: MiniRunConfig, tr) -> dict:
+    "What config.json records of run `cfg` and its trainer `tr` (a `MiniTrainer`)."
+    return {**asdict(cfg), "setting_spec": asdict(tr.setting), "warm_start": tr.start_meta,
+            "critic_source": getattr(tr, "critic_source", None), "torch": torch.__version__}
+
+def write_config(run_dir: Path, cfg: MiniRunConfig, tr, changes: list | None = None):
+    "config.json of the run; `changes` made at a resume are added to the ones recorded before."
+    p = run_dir / "config.json"
+    try:
+        before = json.loads(p.read_text()).get("changes", []) if p.exists() else []
+    except ValueError:
+        before = []
+    rec = config_record(cfg, tr)
+    if before or changes:
+        rec["changes"] = before + [{"step": tr.step, **c} for c in changes or []]
+    write_atomic(p, json.dumps(rec, indent=1).encode())
+
+def saved_config(run_dir: Path) -> dict:
+    "The run folder's config.json ({} when missing or unreadable)."
+    try:
+        c = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return c if isinstance(c, dict) else {}

@@ -24,18 +24,18 @@ from ..core import masked_mean, masked_var, masked_whiten
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
-from ..files import file_sha256, write_atomic
+from ..files import file_sha256
 from ..runlog import RunFolderBusy, lock_run_dir  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
 from .model import CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start
-from .rollout import PolicyHistory, collect, pick_lag
+from .rollout import PolicyHistory, collect, pick_lag, rollout_mismatch
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
 from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
 from .runfolder import (
     RESUME_FREE, RUN_FILES, ConfigChangeError, NoCheckpointError, RunExistsError, check_fresh, check_resumable, checkpoints, clear_run, config_changes, eval_due,
-    log_event, read_metrics, readable_checkpoint, repair_logs, truncate_metrics)
+    log_event, read_metrics, readable_checkpoint, repair_logs, saved_config, truncate_metrics, write_config)
 
 # %% auto #0
 __all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'load_critic_init', 'train_run']
@@ -212,10 +212,7 @@ def policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
         m, logp = self.policy_step(ro, slice(None), adv)
         m.update({"actor/updated": 1, "actor/n_updates": 1})
         return m, logp
-    prox = None
-    if self.cfg.dis_form == "decoupled" and self.setting.band is not None:
-        with torch.no_grad():
-            prox = token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
+    prox = self.current_logp(ro) if self.cfg.dis_form == "decoupled" and self.setting.band is not None else None
     logp = torch.empty_like(ro.behav_logp)
     ms = []
     for idx in torch.tensor_split(torch.randperm(len(ro.tokens), generator=self.mb_gen), n):
@@ -240,12 +237,12 @@ def train_step(self: MiniTrainer) -> dict:
         if not (_finite(cm["critic/value_loss"]) and _finite(cm["critic/grad_norm"])):
             raise NonFiniteError(f"critic metrics not finite at step {self.step + 1}: {cm}")
         m.update({k: float(v) for k, v in cm.items()})
-    loss_dis = {}
+    loss_dis, pre = {}, None  # pre: the trainer's log-probs before the update, for the mismatch figures
     if self.critic is not None and self.critic.in_warmup(self.step):
-        with torch.no_grad():
-            logp = token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
+        logp = pre = self.current_logp(ro)
         m.update({"actor/loss": 0.0, "actor/grad_norm": 0.0, "actor/updated": 0, "actor/n_updates": 0})
     else:
+        pre = self.current_logp(ro) if self.cfg.minibatches > 1 else None  # the slices' log-probs move with each step
         am, logp = self.policy_update(ro, adv)
         loss_dis = {k: am.pop(k) for k in [k for k in am if k.startswith("dis/")]}  # logged with the other dis/ keys
         m.update(am)
@@ -261,6 +258,7 @@ def train_step(self: MiniTrainer) -> dict:
         m["rollout/direct_frac"] = float(direct.float().mean())
     m["adv/lambda_mean"] = float(torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean())
     m.update(self.dis_stats(ro, logp, loss_dis))
+    m.update(rollout_mismatch(ro, logp if pre is None else pre, self.step - lag, self.step))
     self.step += 1
     self.history.push(self.step, self.policy)
     m["perf/step_s"] = time.perf_counter() - t0
@@ -274,6 +272,12 @@ def dis_stats(self: MiniTrainer, ro, logp, from_loss: dict) -> dict:
     m = from_loss or dis_metrics(logp, ro.behav_logp, ro.loss_mask, self.setting.band)
     inside = dis_mask(logp, ro.behav_logp, ro.loss_mask, self.diag_band)
     return {**m, "dis/outside_band_frac": 1.0 - int(inside.sum()) / max(int(ro.loss_mask.sum()), 1)}
+
+@patch
+@torch.no_grad()
+def current_logp(self: MiniTrainer, ro) -> torch.Tensor:
+    "[B, L] log-probs of rollout `ro` under the policy as it is now (no gradient)."
+    return token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
 
 # %% ../../nbs/30_mini.train.ipynb #7ab5f5d6
 @patch
@@ -332,23 +336,6 @@ def load(self: MiniTrainer, path: Path | dict):
         self.mb_gen.set_state(sd["mb_gen"])
     torch.set_rng_state(sd["torch_rng"])
 
-# %% ../../nbs/30_mini.train.ipynb #c3da55c3
-def _config_record(cfg: MiniRunConfig, tr: MiniTrainer) -> dict:
-    return {**asdict(cfg), "setting_spec": asdict(tr.setting), "warm_start": tr.start_meta,
-            "critic_source": getattr(tr, "critic_source", None), "torch": torch.__version__}
-
-def _write_config(run_dir: Path, cfg: MiniRunConfig, tr: MiniTrainer, changes: list | None = None):
-    "config.json of the run; `changes` made at a resume are added to the ones recorded before."
-    p = run_dir / "config.json"
-    try:
-        before = json.loads(p.read_text()).get("changes", []) if p.exists() else []
-    except ValueError:
-        before = []
-    rec = _config_record(cfg, tr)
-    if before or changes:
-        rec["changes"] = before + [{"step": tr.step, **c} for c in changes or []]
-    write_atomic(p, json.dumps(rec, indent=1).encode())
-
 # %% ../../nbs/30_mini.train.ipynb #53e185b8
 def train_run(cfg: MiniRunConfig, # the run
               resume: bool = False, # continue from the last readable checkpoint in the run folder
@@ -365,13 +352,6 @@ def train_run(cfg: MiniRunConfig, # the run
     with lock_run_dir(run_dir, "run") as stale:  # one process per run folder; checks again under the lock
         return _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale)
 
-def _saved_config(run_dir: Path) -> dict:
-    try:
-        c = json.loads((run_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return c if isinstance(c, dict) else {}
-
 def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale) -> Path:
     if not resume:
         check_fresh(run_dir, overwrite)
@@ -381,7 +361,7 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
         check_resumable(run_dir, readable_checkpoint(run_dir, set_aside=False)[1] is not None)  # before anything is cut
         repair_logs(run_dir)
         ck, sd = readable_checkpoint(run_dir)
-        changes = config_changes(sd["config"] if sd else _saved_config(run_dir), cfg)
+        changes = config_changes(sd["config"] if sd else saved_config(run_dir), cfg)
         if changes and not allow_config_change:
             raise ConfigChangeError(f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
                                     + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
@@ -394,13 +374,13 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
         tr.load(sd)
         # a run stopped by `steps` evaluated its last step; a longer run would not have: drop that extra eval
         truncate_metrics(run_dir, tr.step, eval_due=lambda k: eval_due(cfg, k))
-        _write_config(run_dir, cfg, tr, changes)
+        write_config(run_dir, cfg, tr, changes)
         log_event(run_dir, "resume", step=tr.step, checkpoint=ck.name)
         if changes:
             log_event(run_dir, "config_change", step=tr.step, changes=changes)
     else:
         truncate_metrics(run_dir, 0)
-        _write_config(run_dir, cfg, tr)
+        write_config(run_dir, cfg, tr)
         log_event(run_dir, "start", setting=cfg.setting, seed=cfg.seed, steps=cfg.steps,
                   start_acc=tr.start_meta["heldout_sampled_acc"])
     if stale:

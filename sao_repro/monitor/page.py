@@ -25,6 +25,8 @@ CHARTS = [
     {"metric": "critic/explained_var", "title": "Critic explained variance"},
     {"metric": "rollout/resp_len", "title": "Response length (tokens)"},
     {"metric": "rollout/policy_lag", "title": "Policy lag (versions)"},
+    {"metric": "mismatch/k3_kl", "title": "Engine mismatch: k3 KL on the trainer's version"},
+    {"metric": "mismatch/lag_max", "title": "Token lag, max (versions)"},
 ]
 
 PAGE = """<!doctype html>

@@ -21,7 +21,7 @@ from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
 from .tables import (
     REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
-    numbers_table, reference_table, run_summary, health_table)
+    numbers_table, reference_table, run_summary, health_table, mismatch_table)
 from .text import (
     display_path, html_id, md_code, provenance, report_base, report_title, runs_block, runs_commands, runs_using, testbed_limits)
 from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep

@@ -15,9 +15,9 @@ from ..dis import band_label, band_preset_name, dis_band
 from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
-__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'reference_table', 'design_table',
-           'load_runs', 'heldout_summary', 'run_summary', 'numbers_table', 'format_numbers', 'fmt_change',
-           'headline_table', 'distance_table', 'health_table']
+__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS',
+           'reference_table', 'design_table', 'load_runs', 'heldout_summary', 'run_summary', 'numbers_table',
+           'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table', 'mismatch_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
 REFERENCE_SOURCE = ("reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
@@ -232,3 +232,30 @@ def health_table(df:pd.DataFrame, # tidy frame from `load_runs` (its `attrs["run
         if on:
             rows.append({"run": info["run"], "setting": info["setting"], "seed": info["seed"], "flags": ", ".join(on)})
     return pd.DataFrame(rows, columns=["run", "setting", "seed", "flags"])
+
+# %% ../../nbs/70_report.tables.ipynb #f1bc7e55
+MISMATCH_COLUMNS = ["backend", "setting", "runs", "measured", "k3_kl mean", "k3_kl max", "k3_kl_all mean", "lag mean",
+                    "lag max", "ess mean", "ratio min", "ratio max"]
+
+def mismatch_table(df:pd.DataFrame, # tidy metrics frame from `load_runs`
+                   runs_df:pd.DataFrame, # its runs (for the backend)
+                  ) -> pd.DataFrame:
+    "Per backend and setting: `mismatch/k3_kl` (trainer's version), `k3_kl_all`, lag, ESS and ratio range over all steps and seeds."
+    m = df[df.metric.astype(str).str.startswith("mismatch/")].dropna(subset=["value"]) if len(df) else df
+    if m.empty:
+        return pd.DataFrame(columns=MISMATCH_COLUMNS)
+    m = m.merge(runs_df[["run", "backend"]], on="run", how="left")
+    sci = lambda x: "-" if x is None or pd.isna(x) else f"{x:.2e}"
+    fix = lambda x: "-" if x is None or pd.isna(x) else f"{x:.3f}"
+    rows = []
+    for (backend, setting), g in m.groupby(["backend", "setting"], sort=False):
+        v = lambda k: g.loc[g.metric == k, "value"].astype(float)
+        k3, steps = v("mismatch/k3_kl"), g[["run", "step"]].drop_duplicates()
+        rows.append({"backend": backend, "setting": setting, "runs": g.run.nunique(), "measured": f"{len(k3)} / {len(steps)}",
+                     "k3_kl mean": sci(k3.mean() if len(k3) else None), "k3_kl max": sci(k3.max() if len(k3) else None),
+                     "k3_kl_all mean": sci(v("mismatch/k3_kl_all").mean()), "lag mean": fix(v("mismatch/lag_mean").mean()),
+                     "lag max": fix(v("mismatch/lag_max").max()), "ess mean": fix(v("mismatch/ess").mean()),
+                     "ratio min": fix(v("mismatch/ratio_min").min()), "ratio max": fix(v("mismatch/ratio_max").max())})
+    out = pd.DataFrame(rows, columns=MISMATCH_COLUMNS)
+    rank = {s: i for i, s in enumerate(_order(out.setting))}
+    return out.sort_values(["backend", "setting"], key=lambda c: c.map(rank) if c.name == "setting" else c).reset_index(drop=True)

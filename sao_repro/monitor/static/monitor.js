@@ -5,7 +5,8 @@ const KEY = new URLSearchParams(location.search).get("key");
 const PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037"];
 const FLAGS = ["oom", "nan", "crashed", "stalled", "finished",
   // SAO health (sao_repro.metrics.health.SAO_FLAGS): the span's title gives the step that set it
-  "critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns"];
+  "critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns",
+  "mismatch_high"];
 const colors = {};
 let polls = 0;
 const SETTING_COLORS = JSON.parse(document.getElementById("setting-colors").textContent);  // the report's
