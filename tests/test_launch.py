@@ -98,25 +98,28 @@ def test_classify_counts_pids_per_gpu():
 # ---------------------------------------------------------------- plan and runner
 
 class Recorder:
-    def __init__(self, fail=None, ray_running=False):
-        self.fail, self.ray_running, self.calls = fail, ray_running, []
+    def __init__(self, fail=None, ray_running=False, ray_root=None):
+        self.fail, self.ray_running, self.calls, self.ray_root = fail, ray_running, [], ray_root
 
     def __call__(self, cmd, **kw):
         self.calls.append(list(cmd))
         if cmd == RAY_PROBE:  # the Ray client probe of launch.ray_running
             return subprocess.CompletedProcess(cmd, 0 if self.ray_running else 1, "", "")
         bad = self.fail is not None and any(self.fail in c for c in cmd)
+        if cmd[:2] == ["ray", "start"] and self.ray_root is not None and not bad:  # a head's session folder appears
+            (Path(self.ray_root) / "session_2099-01-01_00-00-00_000001_1").mkdir()
         return subprocess.CompletedProcess(cmd, 1 if bad else 0, "", "")
 
 
-def test_plan_order_and_teardown_after_failure():
+def test_plan_order_and_teardown_after_failure(tmp_path):
     plan = launch_plan("c.yaml", ["seed=2"], "ray", 8, 5.0, python="py")
-    rec = Recorder(fail="sao_repro.areal.train")
-    rc, recs = execute_plan(plan, run=rec, out=io.StringIO())
+    rec = Recorder(fail="sao_repro.areal.train", ray_root=tmp_path)
+    stopped = []
+    rc, recs = execute_plan(plan, run=rec, out=io.StringIO(), ray_root=tmp_path, stop_ray=lambda s: stopped.append(s) or 3)
     assert rc == 1
     names = [c[0:3] for c in rec.calls]
-    assert ["ray", "stop"] in [c[:2] for c in rec.calls]
-    assert all("--force" not in c for c in rec.calls)
+    assert stopped == ["session_2099-01-01_00-00-00_000001_1"]  # only the Ray session ray-up started
+    assert ["ray", "stop"] not in [c[:2] for c in rec.calls]  # never a bare `ray stop`: it ends every Ray on the machine
     assert [r["status"] for r in recs] == ["ok", "ok", "ok", "failed", "ok", "ok"]
     assert names.index(["sao-repro", "reward-workers", "stop"]) > names.index(["py", "-m", "sao_repro.areal.train"])
 

@@ -26,6 +26,7 @@ from ..dis import dis_preset
 from ..configfile import check_interpolations, load_yaml_bounded
 from ..runconfig import RewardConfig
 from .algo import areal_actor_keys
+from .guards import OFF_ENV, optimizer_dtype_problems
 
 logger = logging.getLogger("sao_repro.areal")
 
@@ -50,6 +51,7 @@ class SAOSection:
     run_dir: str = field(default="", metadata={"help": "our run folder (metrics.jsonl, events.log, config.json)"})
     reward_root: str = field(default="", metadata={"help": "folder for reward-worker logs and status (REWARD_ROOT)"})
     rollout_engine: str = field(default="", metadata={"help": "dotted path of a class used in place of AReaL's RemotevLLMEngine (CPU rehearsal: sao_repro.areal.cpu_server.CPURemotevLLMEngine); empty: AReaL's own"})
+    rollout_ahead: bool = field(default=False, metadata={"help": "before each step the trainer waits until rollout has filled AReaL's staleness window, so batches hold tokens rollout.max_head_offpolicyness versions old whatever the load (sao_repro.areal.runahead; SPMD only; the CPU rehearsal's default)"})
     strict: bool = field(default=True, metadata={"help": "refuse a config that deviates from the registered setting (false: warn, for ablations)"})
 
     def __post_init__(self):
@@ -93,6 +95,10 @@ class SAOConfig(GRPOConfig):
                              + "\nFix the keys above, or set sao.strict=false for a deliberate ablation.")
         for p in problems:
             warnings.warn(f"setting {self.sao.setting!r}: {p}")
+        half = optimizer_dtype_problems(self)  # AReaL issue 1292 (sao_repro.areal.guards)
+        if half:
+            raise ValueError("optimizer state would be kept in half precision:\n  " + "\n  ".join(half)
+                             + f"\n(only with an AReaL that keeps float32 master weights by itself: {OFF_ENV}=optimizer_dtype)")
         for note in one_sequence_per_microbatch(self):
             logger.warning(note)
 

@@ -298,6 +298,7 @@ def server_cmd(server_args:dict, opts:str|None=None) -> list[str]:
 def _engine_classes():
     "Subclasses of AReaL's vLLM client whose server is this one (built on first use: AReaL imports are heavy)."
     from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+    from .guards import pin_served_version
     class CPUvLLMBackend(VLLMBackend):
         "AReaL's vLLM protocol; `launch_server` starts the CPU server."
         def launch_server(self, server_args:dict) -> subprocess.Popen:
@@ -310,6 +311,7 @@ def _engine_classes():
         def __init__(self, config):
             super().__init__(config)
             self._engine.backend = CPUvLLMBackend()
+            pin_served_version(self._engine)  # AReaL PR 1569's guard (sao_repro.areal.guards)
     for c in (CPUvLLMBackend, CPURemotevLLMEngine):
         c.__module__ = __name__
     return {"CPUvLLMBackend": CPUvLLMBackend, "CPURemotevLLMEngine": CPURemotevLLMEngine}

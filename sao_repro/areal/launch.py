@@ -24,10 +24,11 @@ from .preflight import (APPS_QUERY, EXIT_GPUS, EXIT_NO_SMI, EXIT_OK, GPU, GPU_QU
                                  preflight_cmd, preflight_main, preflight_report, run_preflight)
 
 # %% auto #0
-__all__ = ['RAY_PROBE', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'SETTING_CONFIGS', 'CONFIG_ALIASES', 'Step',
-           'launch_plan', 'ray_running', 'execute_plan', 'rehearsal_plan', 'areal_cpu_requirements',
-           'missing_requirements', 'areal_install_hint', 'areal_config_module', 'areal_config_main', 'is_finished',
-           'launch_one', 'summary_table', 'launch_parser', 'launch_main', 'setting_config', 'launch_setting']
+__all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'SETTING_CONFIGS', 'CONFIG_ALIASES',
+           'Step', 'launch_plan', 'ray_running', 'ray_sessions', 'start_ray_head', 'stop_ray_session', 'execute_plan',
+           'rehearsal_plan', 'areal_cpu_requirements', 'missing_requirements', 'areal_install_hint',
+           'areal_config_module', 'areal_config_main', 'is_finished', 'launch_one', 'summary_table', 'launch_parser',
+           'launch_main', 'setting_config', 'launch_setting']
 
 # %% ../../nbs/41_areal.launch.ipynb #592fdb1e
 @dataclass
@@ -61,7 +62,8 @@ def launch_plan(
     steps.append(Step("train", train_cmd or [python, "-m", "sao_repro.areal.train", "--config", str(config), *overrides]))
     if ray_rewards:
         steps.append(Step("reward-down", ["sao-repro", "reward-workers", "stop"], always=True, when="reward.backend: ray"))
-    steps.append(Step("ray-down", ["ray", "stop"], always=True, when="only if ray-up started Ray"))
+    steps.append(Step("ray-down", ["kill", "<the processes of the Ray session ray-up started>"], always=True,
+                      when="only if ray-up started Ray; never a bare `ray stop`, which ends every Ray on the machine"))
     return steps
 
 # %% ../../nbs/41_areal.launch.ipynb #e89fe985
@@ -77,15 +79,68 @@ def ray_running(
     except (OSError, subprocess.TimeoutExpired):
         return False
 
+# %% ../../nbs/41_areal.launch.ipynb #29541523
+RAY_TEMP = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"  # Ray's temp folder: a session_<date>_<pid> per head
+
+def ray_sessions(
+    root:str|Path|None=None, # Ray's temp folder (default RAY_TEMP)
+) -> set[str]:
+    "The Ray session names under Ray's temp folder."
+    root = Path(root or RAY_TEMP)
+    return {p.name for p in root.glob("session_*") if p.name != "session_latest"} if root.is_dir() else set()
+
+def start_ray_head(
+    cmd:list[str], # e.g. ["ray", "start", "--head", ...]
+    run=subprocess.run, # command runner (tests pass a fake)
+    root:str|Path|None=None, # Ray's temp folder
+    **kw, # passed to `run`
+) -> tuple[subprocess.CompletedProcess, str|None]:
+    "Start a Ray head; (its process result, the session it started: the one new under Ray's temp folder, else None)."
+    before = ray_sessions(root)
+    p = run(cmd, **kw)
+    new = sorted(ray_sessions(root) - before)
+    return p, (new[-1] if new else None)
+
+def stop_ray_session(
+    session:str, # a session name from `start_ray_head`
+    grace_s:float=15.0, # SIGTERM, then SIGKILL after this long
+) -> int:
+    "End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it ended."
+    import psutil
+    if not session or not session.startswith("session_"):
+        raise ValueError(f"not a Ray session name: {session!r}")
+    procs = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and any(session in a for a in p.info["cmdline"] or ()):
+                procs.append(p)
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    return len(procs)
+
 # %% ../../nbs/41_areal.launch.ipynb #c798b2ad
 def execute_plan(
     steps:list[Step], # from `launch_plan`
     dry_run:bool=False, # print only
     run=subprocess.run, # command runner
     out=sys.stdout, # where the plan and progress go
+    ray_root:str|Path|None=None, # Ray's temp folder, where ray-up's session appears (default RAY_TEMP)
+    stop_ray=None, # ends one Ray session (default `stop_ray_session`)
 ) -> tuple[int, list[dict]]:
     "Run the steps in order (tear-down steps always); returns (exit code, one record per step)."
-    records, rc, started_ray = [], 0, False
+    records, rc, started_ray, session = [], 0, False, None
     n = len(steps)
     for i, s in enumerate(steps, 1):
         line = f"[{i}/{n}] {s.name}: {shlex.join(s.cmd)}" + (f"    # {s.when}" if s.when else "")
@@ -103,9 +158,22 @@ def execute_plan(
         if s.name == "ray-down" and not started_ray:
             records.append({"step": s.name, "cmd": s.cmd, "status": "not-needed"})
             continue
+        if s.name == "ray-down" and not session:
+            print(f"  ray: the session ray-up started is not under {ray_root or RAY_TEMP}; left running "
+                  "(`ray stop` ends it, and every other Ray on this machine)", file=out)
+            records.append({"step": s.name, "cmd": s.cmd, "status": "left-running"})
+            continue
         t0 = time.time()
-        code = run(s.cmd).returncode
-        started_ray |= s.name == "ray-up" and code == 0
+        if s.name == "ray-up":
+            p, session = start_ray_head(s.cmd, run, ray_root)
+            code = p.returncode
+        elif s.name == "ray-down":
+            ended = (stop_ray or stop_ray_session)(session)
+            print(f"  ray: ended the {ended} processes of {session}", file=out)
+            code = 0
+        else:
+            code = run(s.cmd).returncode
+        started_ray |= s.name == "ray-up" and (code == 0 or session is not None)  # a failed start may leave processes
         records.append({"step": s.name, "cmd": s.cmd, "status": "ok" if code == 0 else "failed",
                         "returncode": code, "seconds": round(time.time() - t0, 1)})
         if code != 0:

@@ -30,7 +30,8 @@ from ..settings import get_setting, list_settings
 from ..runconfig import repo_dir
 from ..runlog import LOCK_FILE, RunFolderBusy, lock_run_dir
 from ..checks import port_arg
-from .launch import CPU_RAY_HEAD, areal_cpu_requirements, missing_requirements, ray_running, setting_config
+from .launch import (CPU_RAY_HEAD, RAY_TEMP, areal_cpu_requirements, missing_requirements, ray_running,
+                                    setting_config, start_ray_head, stop_ray_session)
 from .tiny import tiny_assets
 from .train import PARENT_ENV
 
@@ -82,6 +83,7 @@ def plan(
     server_port:int|None=None, # spmd: the server's port
     engine:str="vllm", # vllm | stand-in
     critic_freeze:str="none", # a critic's frozen parameters (`sao.critic_freeze`); settings without a critic ignore it
+    rollout_ahead:bool=True, # rollout fills AReaL's staleness window before each step (`sao.rollout_ahead`, the overlay's default)
 ) -> RehearsalRun:
     "The command, environment and folder of one rehearsal run (nothing is started or written)."
     if engine not in ENGINES:
@@ -103,12 +105,15 @@ def plan(
         ov.append(f"sao.rollout_engine={STAND_IN_ENGINE}")
     if s.critic and critic_freeze != "none":
         ov.append(f"sao.critic_freeze={critic_freeze}")
+    if not rollout_ahead:
+        ov.append("sao.rollout_ahead=false")
     server_opts = f"--logprob-noise {noise:g} --sample-dtype {sample_dtype} --seed {seed}"
     env = {"SAO_WS": str(run_dir / "ws"), "MODEL_ROOT": str(assets), "REWARD_ROOT": str(run_dir / "reward"),
            "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "WANDB_MODE": "disabled", "SAO_CPU_SERVER_OPTS": server_opts,
            "SAO_REHEARSAL": json.dumps({"scheduler": scheduler, "engine": engine, "engine_dtype": sample_dtype,
-                                        "logprob_noise": noise, "sample_dtype": sample_dtype, "model": str(assets / "model")})}
+                                        "logprob_noise": noise, "sample_dtype": sample_dtype, "model": str(assets / "model"),
+                                        "rollout_ahead": rollout_ahead})}
     if scheduler == "spmd":
         env.update(AREAL_SPMD_MODE="1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()), AREAL_LLM_SERVER_ADDRS=f"127.0.0.1:{server_port or 0}")
@@ -358,14 +363,19 @@ def _steps_logged(run_dir:Path) -> int:
     return len(steps)
 
 # %% ../../nbs/44_areal.rehearse.ipynb #d2a0d5ba
-def ensure_ray() -> bool:
-    "Start a local Ray head unless one runs; True if this call started it (stop it with `ray stop`)."
+def ensure_ray() -> str|None:
+    """Start a local Ray head unless one runs; the session this call started (`stop_ray_session` ends it and nothing
+    else: a bare `ray stop` would end every Ray on the machine), else None."""
     if ray_running():
-        return False
-    p = subprocess.run(CPU_RAY_HEAD, capture_output=True, text=True)
+        return None
+    p, session = start_ray_head(CPU_RAY_HEAD, capture_output=True, text=True)
     if p.returncode != 0:
+        if session:
+            stop_ray_session(session)
         raise RehearsalError(f"could not start a local Ray head ({' '.join(CPU_RAY_HEAD)}):\n{p.stderr[-2000:]}")
-    return True
+    if not session:
+        print(f"rehearse: started a Ray head but found no new session under {RAY_TEMP}; it is left running", file=sys.stderr)
+    return session
 
 # %% ../../nbs/44_areal.rehearse.ipynb #312e83aa
 def rehearse_parser() -> argparse.ArgumentParser:
@@ -390,6 +400,10 @@ def rehearse_parser() -> argparse.ArgumentParser:
     p.add_argument("--critic-freeze", choices=("none", "attention"), default="none",
                    help="the critic's frozen parameters, in the settings with a critic (sao): attention trains only its MLP "
                    "and value head (the paper's section 3.2); default none. Give it again with --resume")
+    p.add_argument("--rollout-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="before each step the trainer waits until rollout has filled AReaL's staleness window, so batches "
+                   "hold tokens rollout.max_head_offpolicyness versions old whatever the machine's load, as on a cluster "
+                   "(default on; --no-rollout-ahead: rollout runs ahead as far as the load lets it; spmd only)")
     p.add_argument("--port", type=port_arg, default=None, help="spmd: the server's port (default: a free one)")
     p.add_argument("--server-timeout", type=float, default=600.0,
                    help="spmd: seconds the vLLM server may take to become healthy (default 600; ~1-2 min on 2 cores)")
@@ -437,7 +451,7 @@ def rehearse_main(argv:list[str]|None=None) -> int:
     _validate(a, p)
     settings = list_settings() if a.setting == "all" else [a.setting]
     runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
-                 critic_freeze=a.critic_freeze) for s in settings]
+                 critic_freeze=a.critic_freeze, rollout_ahead=a.rollout_ahead) for s in settings]
     with contextlib.ExitStack() as held:
         try:  # one rehearsal per run folder, for its whole life: a second one exits 2 before it starts anything
             for r in runs:
@@ -459,15 +473,15 @@ def _rehearse(a, settings:list[str]) -> int:
     "The rehearsal itself, its run folders locked and checked."
     print("rehearse: building the tiny model and data (cached after the first time)...", flush=True)
     assets = tiny_assets()
-    records, started_ray = [], False
+    records, ray_session = [], None
     server = (VLLMServer(Path(a.out).resolve() / "areal" / "vllm_server.log", a.port, a.server_timeout)
               if a.engine == "vllm" and a.scheduler == "spmd" else None)  # one for all settings of this call
     try:
         if a.scheduler == "ray":
-            started_ray = ensure_ray()
+            ray_session = ensure_ray()
         for s in settings:
             r = plan(s, assets, a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
-                     critic_freeze=a.critic_freeze)
+                     critic_freeze=a.critic_freeze, rollout_ahead=a.rollout_ahead)
             rec = run_one(r, a.port, server=server)
             records.append(rec)
             print(f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit %d)' % rec['returncode']}, "
@@ -484,8 +498,8 @@ def _rehearse(a, settings:list[str]) -> int:
     finally:
         if server is not None:
             server.stop()
-        if started_ray:
-            subprocess.run(["ray", "stop"], capture_output=True)
+        if ray_session:  # only the head this call started
+            stop_ray_session(ray_session)
     failed = [r for r in records if r["returncode"] != 0]
     print(f"rehearse: {len(records) - len(failed)}/{len(records)} settings completed ({a.engine} engine in {a.engine_dtype}, {a.scheduler} scheduler, "
           f"{sum(r['seconds'] for r in records):.0f} s); monitor: sao-repro monitor --logs {a.out}; report: sao-repro report --runs {a.out}")

@@ -60,6 +60,23 @@ class SAOPPOTrainer(PPOTrainer):
                 log_event(config.sao.run_dir, "resume", step=done, dropped_lines=dropped, critic_restored=critic)
             elif dropped:
                 log_event(config.sao.run_dir, "restart", step=done, dropped_lines=dropped)
+        self._guard_rollout(config, info)
+
+    def _guard_rollout(self, config, info):
+        "AReaL issue 1388's guard after a recover, then the rollout-ahead gate (`sao.rollout_ahead`)."
+        from .guards import guard_on, staleness_manager_of, sync_staleness_after_recover
+        from .runahead import gate_prepare_batch
+        sm = staleness_manager_of(self.rollout)
+        if info is not None and sm is not None and guard_on("staleness"):
+            version = int(info.last_step_info.global_step) + 1
+            done = sync_staleness_after_recover(sm, version)  # acted=False: AReaL had already fixed the count
+            if _rank0():
+                log_event(config.sao.run_dir, "guard_staleness", version=version, **done)
+        if config.sao.rollout_ahead:
+            on = not is_single_controller() and gate_prepare_batch(self.rollout, config.rollout.request_timeout)
+            if _rank0():
+                log_event(config.sao.run_dir, "rollout_ahead", applied=bool(on), max_head_offpolicyness=config.rollout.max_head_offpolicyness,
+                          **({} if on else {"why": "AReaL's single controller keeps the rollout in its workers"}))
 
     def _load_recover_critic(self):
         """AReaL 1.0.4 saves the critic's recover checkpoint but, on resume, loads only the actor's: without this
@@ -79,18 +96,26 @@ class SAOPPOTrainer(PPOTrainer):
         return _build_engine(self, _engine_for("critic", alloc), with_sao(critic_config, self.config.sao), alloc)
 
     def _init_rollout(self, rollout_config, is_eval:bool=False, lora_path:str|None=None):
-        "AReaL's rollout set-up, with `sao.rollout_engine` (if set) as the vLLM client class."
-        path = self.config.sao.rollout_engine
-        if not path or self.rollout_alloc.backend != "vllm":
+        """AReaL's rollout set-up with `sao.rollout_engine` (if set) as the vLLM client class, else AReaL's own client
+        version-pinned (`guards.GUARDED_ENGINES`, PR 1569's guard); the engine built here is pinned whatever its class."""
+        from .guards import GUARDED_ENGINES, pin_served_version
+        backend = self.rollout_alloc.backend
+        path = (self.config.sao.rollout_engine if backend == "vllm" else "") or GUARDED_ENGINES.get(backend)
+        if not path:
             return super()._init_rollout(rollout_config, is_eval, lora_path)
         import importlib
         import areal.trainer.rl_trainer as rt
+        attr = "RemotevLLMEngine" if backend == "vllm" else "RemoteSGLangEngine"
         mod, _, name = path.rpartition(".")
-        saved, rt.RemotevLLMEngine = rt.RemotevLLMEngine, getattr(importlib.import_module(mod), name)
+        saved = getattr(rt, attr)
+        setattr(rt, attr, getattr(importlib.import_module(mod), name))
         try:
-            return super()._init_rollout(rollout_config, is_eval, lora_path)
+            engine = super()._init_rollout(rollout_config, is_eval, lora_path)
         finally:
-            rt.RemotevLLMEngine = saved
+            setattr(rt, attr, saved)
+        if getattr(engine, "_engine", None) is not None:  # SPMD: the engine is in this process
+            pin_served_version(engine._engine)
+        return engine
 
     def _save_recover_checkpoint(self, epoch:int, epoch_step:int, global_step:int):
         self._pending_recover = (epoch, epoch_step, global_step)  # taken once the step's metrics are written

@@ -6,7 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/areal.vllm_server.html.md"""
 
 # %% auto #0
 __all__ = ['AREAL_SERVER', 'MODULE', 'MOVED_MODULES', 'ALIASED', 'PARENT_ENV', 'VENV_ENV', 'INSTALL_CMD', 'WORKER_EXTENSION',
-           'KV_CACHE_GIB', 'alias_moved_modules', 'watch_parent', 'launch', 'server_venv', 'server_python',
+           'KV_CACHE_GIB', 'alias_moved_modules', 'watch_parent', 'launch', 'checkout', 'server_venv', 'server_python',
            'server_cmd', 'server_env', 'retie_output_head', 'config_cmd', 'main']
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #4b0f674f
@@ -93,13 +93,17 @@ def launch(cmd:list[str], log:str|Path|None=None, env:dict|None=None) -> subproc
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #55d20821
 VENV_ENV = "SAO_VLLM_VENV"  # the server's virtualenv, if not the checkout's .venv-vllm
+def checkout() -> Path:
+    "The checkout this sao_repro runs from."
+    import sao_repro
+    return Path(sao_repro.__file__).resolve().parent.parent
 INSTALL_CMD = "bash scripts/install_vllm_cpu.sh"
 WORKER_EXTENSION = "sao_repro.areal.vllm_server.CPUWorkerExtension"
 KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: otherwise vLLM's CPU backend sizes its KV cache from the host's RAM
 
 def server_venv() -> Path:
     "The vLLM server's virtualenv: $SAO_VLLM_VENV, else .venv-vllm in the checkout."
-    return Path(os.environ.get(VENV_ENV) or Path(__file__).resolve().parent.parent.parent / ".venv-vllm")
+    return Path(os.environ.get(VENV_ENV) or checkout() / ".venv-vllm")
 
 def server_python() -> Path:
     "The server environment's python; FileNotFoundError naming the install command if it is not there."
@@ -118,13 +122,14 @@ def server_cmd(server_args:dict, python:str|Path|None=None) -> list[str]:
     return [str(python or server_python()), "-m", MODULE, *cmd[3:]]
 
 def server_env(base:dict|None=None) -> dict:
-    "The server's environment: AReaL's launch variables plus the CPU KV cache size."
+    """The server's environment: AReaL's launch variables plus the CPU KV cache size; PYTHONPATH is this checkout only, so
+    the server reads configs with the same sao_repro as the trainer (the trainer's other paths do not leak in)."""
     env = dict(os.environ if base is None else base)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # as AReaL's VLLMBackend.launch_server
     env["PYTHONUNBUFFERED"] = "1"
-    for var in ("PYTHONPATH", "VIRTUAL_ENV"):  # the trainer's environment must not leak into the server's
-        env.pop(var, None)
+    env.pop("VIRTUAL_ENV", None)
+    env["PYTHONPATH"] = str(checkout())
     return env
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #e2fef721
@@ -170,6 +175,7 @@ def _extension_class():
 def _engine_classes():
     "Subclasses of AReaL's vLLM client that start the server from its own environment (built on first use)."
     from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+    from .guards import pin_served_version
     class VenvvLLMBackend(VLLMBackend):
         "AReaL's vLLM protocol; `launch_server` runs AReaL's server command from the server environment."
         def launch_server(self, server_args:dict) -> subprocess.Popen:
@@ -181,6 +187,7 @@ def _engine_classes():
         def __init__(self, config):
             super().__init__(config)
             self._engine.backend = VenvvLLMBackend()
+            pin_served_version(self._engine)  # AReaL PR 1569's guard (sao_repro.areal.guards)
     for c in (VenvvLLMBackend, VenvRemotevLLMEngine):
         c.__module__ = MODULE
     return {"VenvvLLMBackend": VenvvLLMBackend, "VenvRemotevLLMEngine": VenvRemotevLLMEngine}
