@@ -19,7 +19,7 @@ stage() { echo "install [$1/5] $2 ($((SECONDS - t0)) s so far)"; }
 # install itself. On a failure its whole output is shown, with how to retry.
 progress() {
   awk '
-    /^Collecting / { n++; if (n % 25 == 0) { printf "    %d requirements resolved\n", n; fflush() } }
+    /^Collecting / { n++; if (!(n % 25)) { printf "    %d requirements resolved\n", n; fflush() } }
     /^ *Downloading / { sub(/^ *Downloading /, ""); sub(/^https?:\/\/[^ ]*\//, ""); printf "    downloading %s\n", $0; fflush() }
     /^Installing collected packages:/ { k = split($0, a, ","); printf "    installing %d package(s)\n", k; fflush() }
   '
