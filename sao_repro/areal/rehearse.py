@@ -406,7 +406,7 @@ def rehearse_parser() -> argparse.ArgumentParser:
                    "(default on; --no-rollout-ahead: rollout runs ahead as far as the load lets it; spmd only)")
     p.add_argument("--port", type=port_arg, default=None, help="spmd: the server's port (default: a free one)")
     p.add_argument("--server-timeout", type=float, default=600.0,
-                   help="spmd: seconds the vLLM server may take to become healthy (default 600; ~1-2 min on 2 cores)")
+                   help="spmd: seconds the vLLM server may take to become healthy (default 600; its start time here: the rehearsal page)")
     return p
 
 def _validate(a, p):

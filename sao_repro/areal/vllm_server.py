@@ -110,7 +110,7 @@ def server_python() -> Path:
     py = server_venv() / "bin" / "python"
     if not (py.is_file() and os.access(py, os.X_OK) and (server_venv() / ".sao-installed").is_file()):
         raise FileNotFoundError(f"the vLLM server's environment {server_venv()} is missing or incomplete: "
-                                f"build it with `{INSTALL_CMD}` (about 5 minutes and 3.6 GB)")
+                                f"build it with `{INSTALL_CMD}` (minutes and a few GB: its measured time and size are on the benchmarks page)")
     return py
 
 def server_cmd(server_args:dict, python:str|Path|None=None) -> list[str]:
