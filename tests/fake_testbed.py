@@ -40,6 +40,11 @@ def metrics(setting: str, step: int, steps: int, rng: random.Random) -> dict:
         m |= {"dis/kept_frac": 1 - below - above, "dis/masked_below_frac": below, "dis/masked_above_frac": above}
     if setting == "sao":
         m |= {"critic/value_loss": 0.25 * math.exp(-2 * x), "critic/explained_var": 0.6 * (1 - math.exp(-3 * x))}
+    lag = min(3, step - 1)  # as the testbed at --lag 3: the behaviour policy is the trainer's own at step 1 only
+    m |= {"mismatch/lag_max": float(lag), "mismatch/lag_mean": float(lag), "mismatch/current_frac": float(lag == 0),
+          "mismatch/k3_kl_all": abs(rng.gauss(0.2, 0.02))}
+    if lag == 0:  # k3 on tokens of the trainer's own version: logit noise 1 injects about 0.1-0.2
+        m["mismatch/k3_kl"] = abs(rng.gauss(0.15, 0.02))
     if step % 10 == 0:
         m["eval/acc"] = acc
     return m
