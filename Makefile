@@ -18,7 +18,7 @@ TORCH_ARGS ?=
 BIN := $(VENV)/bin
 # the environment is keyed by the content of what defines it (not by file times: nbdev-export rewrites pyproject.toml
 # unchanged), so `make test` after `nbdev-export` does not reinstall
-INSTALL_KEY := $(shell cat pyproject.toml scripts/install_dev.sh scripts/areal_cpu_requirements.txt 2>/dev/null | sha256sum | cut -c1-16)
+INSTALL_KEY := $(shell cat pyproject.toml scripts/install_dev.sh scripts/areal_cpu_requirements.txt scripts/areal_nodeps.txt 2>/dev/null | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 
 .PHONY: install study test chromium bench vllm-env lab

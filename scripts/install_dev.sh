@@ -66,17 +66,14 @@ stage 3 "sao-repro (pandas, scipy, ...) with its dev extra (nbdev, pytest, paper
 pip_install -e '.[dev]'
 # What AReaL 1.0.4 imports on a CPU, pinned in one place: scripts/areal_cpu_requirements.txt (it says why,
 # e.g. omegaconf==2.4.0.dev2, AReaL's own pin: the final 2.4.0 breaks its YAML scheduling specs). AReaL itself
-# comes last and without its ~80 dependencies (vLLM, SGLang, agent SDKs and a CUDA torch): no later pip run
+# (scripts/areal_nodeps.txt) comes last and without its ~80 dependencies (vLLM, SGLang, agent SDKs and a CUDA torch): no later pip run
 # then reports AReaL's unmet GPU-only requirements as errors. `pip check` still lists them; that is expected
 # on a CPU.
 REQS=scripts/areal_cpu_requirements.txt
+NODEPS=scripts/areal_nodeps.txt
 stage 4 "AReaL's CPU dependencies ($REQS: transformers, omegaconf, hydra, peft, numba, triton, loggers)"
-deps="$(mktemp)"
-trap 'rm -f "$deps"' EXIT
-grep -v -- '--no-deps' "$REQS" > "$deps"
-pip_install -r "$deps"
-nodeps="$(grep -- '--no-deps' "$REQS" | grep -v '^ *#' | sed 's/ *#.*//')"
-stage 5 "$nodeps (--no-deps)"
-pip_install --no-deps $nodeps
+pip_install -r "$REQS"
+stage 5 "$(grep -v '^ *#' "$NODEPS" | tr '\n' ' ')(--no-deps, $NODEPS)"
+pip_install --no-deps -r "$NODEPS"
 python -c "import torch; assert torch.__version__.startswith('2.13'), f'torch was replaced: {torch.__version__}'"
 echo "install done in $((SECONDS - t0)) s"

@@ -98,9 +98,8 @@ def test_the_whole_install_set_resolves_where_pip_sees_only_pypi(tmp_path):
     alone, where torch 2.13.0 is a CUDA build with its own triton pin: `pip install --dry-run`, nothing installed."""
     import json
     import sys
-    reqs = (ROOT / "scripts" / "areal_cpu_requirements.txt").read_text().splitlines()
-    deps = tmp_path / "deps.txt"
-    deps.write_text("\n".join(l for l in reqs if "--no-deps" not in l) + "\n")
+    deps = ROOT / "scripts" / "areal_cpu_requirements.txt"  # as it stands: what install_dev.sh and a user give pip
+    reqs = deps.read_text().splitlines()
     torch_pin = re.search(r"^TORCH \?= (\S+)", (ROOT / "Makefile").read_text(), re.M)[1]
     report = tmp_path / "report.json"
     p = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
@@ -109,10 +108,10 @@ def test_the_whole_install_set_resolves_where_pip_sees_only_pypi(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert got["torch"] == torch_pin.split("==")[1]  # PyPI's build of the pinned torch, not another release
-    assert "areal" not in got  # installed last with --no-deps (its metadata asks for a CUDA stack)
+    assert "areal" not in got  # installed last with --no-deps, from areal_nodeps.txt (its metadata asks for a CUDA stack)
     for line in reqs:  # every pin is what gets installed
         req = line.partition("#")[0].strip()
-        if "==" in req and "--no-deps" not in line:
+        if "==" in req:
             name = re.split(r"[\[=]", req)[0].lower()
             assert got[name] == req.split("==")[1], (req, got[name])
 

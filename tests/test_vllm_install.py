@@ -40,7 +40,8 @@ def test_every_installed_requirement_is_pinned_once():
 
 def test_pins_agree_with_the_trainers_where_both_environments_need_them():
     trainer = {}
-    for line in (ROOT / "scripts" / "areal_cpu_requirements.txt").read_text().splitlines():
+    for line in [l for f in ("areal_cpu_requirements.txt", "areal_nodeps.txt")
+                 for l in (ROOT / "scripts" / f).read_text().splitlines()]:
         req = line.partition("#")[0].strip()
         if "==" in req:
             trainer[re.split(r"[=\[]", req)[0].lower()] = req.split("==")[1]

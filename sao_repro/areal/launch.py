@@ -24,9 +24,9 @@ from .preflight import (APPS_QUERY, EXIT_GPUS, EXIT_NO_SMI, EXIT_OK, GPU, GPU_QU
                                  preflight_cmd, preflight_main, preflight_report, run_preflight)
 
 # %% auto #0
-__all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'SETTING_CONFIGS', 'CONFIG_ALIASES',
-           'Step', 'launch_plan', 'ray_running', 'ray_sessions', 'start_ray_head', 'stop_ray_session', 'execute_plan',
-           'rehearsal_plan', 'areal_cpu_requirements', 'missing_requirements', 'areal_install_hint',
+__all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'AREAL_NODEPS', 'SETTING_CONFIGS',
+           'CONFIG_ALIASES', 'Step', 'launch_plan', 'ray_running', 'ray_sessions', 'start_ray_head', 'stop_ray_session',
+           'execute_plan', 'rehearsal_plan', 'areal_cpu_requirements', 'missing_requirements', 'areal_install_hint',
            'areal_config_module', 'areal_config_main', 'is_finished', 'launch_one', 'summary_table', 'launch_parser',
            'launch_main', 'setting_config', 'launch_setting']
 
@@ -207,21 +207,24 @@ def rehearsal_plan(
     return [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")] + plan
 
 # %% ../../nbs/41_areal.launch.ipynb #61b933ac
-AREAL_REQUIREMENTS = "areal_cpu_requirements.txt"
+AREAL_REQUIREMENTS = "areal_cpu_requirements.txt"  # what AReaL imports on a CPU: one pip requirements file
+AREAL_NODEPS = "areal_nodeps.txt"  # AReaL itself, beside it: installed after it with --no-deps
 
 def areal_cpu_requirements(
     path:str|Path|None=None, # default: scripts/areal_cpu_requirements.txt of the checkout
 ) -> dict[str, str]: # module -> pip requirement (" --no-deps" appended where it is installed without its dependencies)
-    "What AReaL 1.0.4 imports on a CPU, as pinned in scripts/areal_cpu_requirements.txt (empty without the file)."
+    """What AReaL 1.0.4 imports on a CPU, as pinned in scripts/areal_cpu_requirements.txt, and AReaL itself from
+    areal_nodeps.txt beside it (empty without the files)."""
     p = Path(path or repo_dir() / "scripts" / AREAL_REQUIREMENTS)
     out = {}
-    for line in p.read_text().splitlines() if p.is_file() else []:
-        req, _, note = line.partition("#")
-        if not req.strip():
-            continue
-        m = re.search(r"\bimport (\S+)", note)
-        mod = m[1] if m else re.split(r"[\[=<>~!; ]", req.strip())[0].replace("-", "_")
-        out[mod] = req.strip() + (" --no-deps" if "--no-deps" in note else "")
+    for f, flag in ((p, ""), (p.parent / AREAL_NODEPS, " --no-deps")):
+        for line in f.read_text().splitlines() if f.is_file() else []:
+            req, _, note = line.partition("#")
+            if not req.strip():
+                continue
+            m = re.search(r"\bimport (\S+)", note)
+            mod = m[1] if m else re.split(r"[\[=<>~!; ]", req.strip())[0].replace("-", "_")
+            out[mod] = req.strip() + flag
     return out
 
 def missing_requirements(deps:dict[str, str]) -> list[str]:
