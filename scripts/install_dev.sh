@@ -38,7 +38,7 @@ pip_install() {
   rm -f "$log"
 }
 
-# Which torch build is installed (CPU or CUDA) and its size on disk with the CUDA packages it pulled in.
+# Which torch build is installed (CPU or CUDA) and the size on disk of torch, triton and the CUDA packages.
 torch_build() {
   PYTHONWARNINGS=ignore python - "$CPU_INDEX" <<'PY'
 import importlib.metadata as md, sys
@@ -49,7 +49,7 @@ dists = [d for d in md.distributions() if (d.metadata["Name"] or "").lower() in 
          or (d.metadata["Name"] or "").lower().startswith(("nvidia-", "cuda-"))]
 gb = sum(size(d) for d in dists) / 1e9
 if torch.version.cuda is None:
-    print(f"    torch {torch.__version__}: the CPU build ({gb:.1f} GB on disk)")
+    print(f"    torch {torch.__version__}: the CPU build ({gb:.1f} GB on disk with triton, when installed)")
 else:
     print(f"    torch {torch.__version__}: a CUDA {torch.version.cuda} build ({gb:.1f} GB on disk with {len(dists) - 1} "
           "CUDA and triton packages; it runs on a CPU too)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..files import file_sha256
-from ..safeload import StateFileError, load_state
+from ..safeload import load_state
 from .config import MiniRunConfig
 from .model import CriticModel, PolicyModel
 from .runfolder import checkpoints
