@@ -142,9 +142,9 @@ def refresh(name:str, root:str|Path|None=None, log=print) -> int:
     "Run the command of result `name` from the root; 0 when it ran and recorded the result again."
     root = Path(root or repo_dir())
     path = find(name, root)
-    before = path.read_bytes()
-    log(f"results: running {load(path)['command']}")
-    rc = subprocess.run(load(path)["command"], shell=True, cwd=root).returncode
+    before, command = path.read_bytes(), load(path)["command"]
+    log(f"results: running {command}")
+    rc = subprocess.run(command, shell=True, cwd=root).returncode
     if rc:
         log(f"results: the command exited {rc}; {path} is unchanged")
         return rc

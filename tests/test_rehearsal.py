@@ -473,24 +473,43 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
     assert "resume" in events(d)
 
 
-AREAL_TAG_STALENESS = """
-import importlib.abc, importlib.machinery, os, sys
+IMPORT_HOOK = """
+import importlib.abc, importlib.machinery, os, signal, sys
+from pathlib import Path
 
-class _Hook(importlib.abc.MetaPathFinder):  # AReaL as tagged v1.0.4: a recover leaves the accepted count at 0
+{patch}
+
+class _Hook(importlib.abc.MetaPathFinder):  # runs _patch on {module} right after its first import
     def find_spec(self, name, path, target=None):
-        if name != "areal.infra.staleness_manager":
+        if name != {module!r}:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         run = spec.loader.exec_module
         def exec_module(module):
             run(module)
-            module.StalenessManager.on_version_recovered = lambda self, version: None
+            _patch(module)
         spec.loader.exec_module = exec_module
         return spec
 
-if os.environ.get("SAO_TEST_AREAL_TAG_STALENESS"):
+if os.environ.get({env!r}):
     sys.meta_path.insert(0, _Hook())
+"""
+
+
+def hooked_env(tmp_path, module, patch, env_var, value):
+    """The environment of a command in which AReaL's `module` is patched when first imported: `patch` is the source of
+    `_patch(mod)`, run from a sitecustomize.py while `env_var` is set (to `value`)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(IMPORT_HOOK.format(patch=patch, module=module, env=env_var))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            env_var: value}
+
+
+AREAL_TAG_STALENESS = """
+def _patch(mod):  # AReaL as tagged v1.0.4: a recover leaves the accepted count at 0
+    mod.StalenessManager.on_version_recovered = lambda self, version: None
 """
 
 
@@ -520,11 +539,7 @@ def test_kill_9_and_resume_hold_the_staleness_bound(tmp_path):
     recover fix (PR 1345, in PyPI's 1.0.4) is taken out for this run, as in the v1.0.4 tag: the guard alone holds the
     bound. Without it the window after a resume at version v is v batches too wide and the lag grows one version a step
     from the resume on (0, 1, 2, 3, ...), past the bound from the 4th step after it: hence 9 steps."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(AREAL_TAG_STALENESS)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "SAO_TEST_AREAL_TAG_STALENESS": "1"}
+    env = hooked_env(tmp_path, "areal.infra.staleness_manager", AREAL_TAG_STALENESS, "SAO_TEST_AREAL_TAG_STALENESS", "1")
     before, rs, d = kill_9_and_resume(tmp_path, "grpo_dis", 9, 4, env)
     assert 4 <= len(before) < 9 and max(lag(r) for r in before) == ETA, [lag(r) for r in before]  # ran ahead before the kill
     assert [r["step"] for r in rs] == list(range(1, 10))
@@ -538,9 +553,6 @@ def test_kill_9_and_resume_hold_the_staleness_bound(tmp_path):
 
 
 DIE_IN_SAVE = """
-import importlib.abc, importlib.machinery, os, signal, sys
-from pathlib import Path
-
 def _patch(mod):  # the critic's n-th recover save is torn (files cut in half), then the trainer dies as under kill -9
     orig, calls = mod.RecoverHandler._save_checkpoint, []
     def save(self, engine, name="default", **kw):
@@ -554,22 +566,6 @@ def _patch(mod):  # the critic's n-th recover save is torn (files cut in half), 
                         os.truncate(f, f.stat().st_size // 2)
                 os.kill(os.getpid(), signal.SIGKILL)
     mod.RecoverHandler._save_checkpoint = save
-
-class _Hook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "areal.utils.recover":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-        def exec_module(module):
-            run(module)
-            _patch(module)
-        spec.loader.exec_module = exec_module
-        return spec
-
-if os.environ.get("SAO_TEST_DIE_IN_SAVE"):
-    sys.meta_path.insert(0, _Hook())
 """
 
 
@@ -578,12 +574,8 @@ if os.environ.get("SAO_TEST_DIE_IN_SAVE"):
 def test_kill_while_a_recover_checkpoint_is_written_resumes_from_the_one_before(tmp_path):
     """sao: the trainer dies while step 2's critic checkpoint is half written; the resume restores step 1's recover
     state, loads the critic from it too (reading the torn files would fail) and redoes steps 2..3."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(DIE_IN_SAVE)
     out = tmp_path / "r"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "SAO_TEST_DIE_IN_SAVE": "2"}
+    env = hooked_env(tmp_path, "areal.utils.recover", DIE_IN_SAVE, "SAO_TEST_DIE_IN_SAVE", "2")
     p = cli("--setting", "sao", "--steps", "3", "--out", str(out), env=env, timeout=900)
     d = run_dir(out, "sao")
     assert p.returncode != 0 and [r["step"] for r in rows(d)] == [1, 2], p.stderr[-3000:]
