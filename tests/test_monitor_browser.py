@@ -107,6 +107,21 @@ def test_monitor_page_updates_live(tmp_path):
             writer.wait()
 
 
+@contextlib.contextmanager
+def monitor_of_finished_runs(tmp_path, steps):
+    "The monitor, served from this process, over two finished fake runs (sao and grpo, seed 0) of `steps` steps."
+    logs = tmp_path / "runs"
+    logs.mkdir()
+    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
+                    "--steps", str(steps), "--interval", "0"], check=True)
+    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def monitor_screenshot_command():
     "The monitor notebook's screenshot command (its docs page, under 'Watching runs live'), as argv."
     import json
@@ -121,12 +136,7 @@ def monitor_screenshot_command():
 def test_documented_screenshot_command_waits_for_the_data(tmp_path):
     "The documented chromium command, pointed at a monitor over finished runs, shows their curves, not 'loading'."
     from PIL import Image
-    logs = tmp_path / "runs"
-    logs.mkdir()
-    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
-                    "--steps", "60", "--interval", "0"], check=True)
-    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
-    try:
+    with monitor_of_finished_runs(tmp_path, 60) as srv:
         argv = monitor_screenshot_command()
         assert any(a.startswith("--virtual-time-budget=") for a in argv)
         png = tmp_path / "monitor.png"
@@ -134,13 +144,10 @@ def test_documented_screenshot_command_waits_for_the_data(tmp_path):
                              else a for a in argv[1:]]
         with tempfile.TemporaryDirectory() as prof:
             subprocess.run(argv + [f"--user-data-dir={prof}"], check=True, timeout=120, capture_output=True)
-        im = Image.open(png).convert("RGB")
-        counts = {c: n for n, c in im.getcolors(1 << 24)}
-        for s in ("sao", "grpo"):  # the smoothed lines, in the setting's colour
-            assert counts.get(rgb(setting_color(s)), 0) > 500, s
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    im = Image.open(png).convert("RGB")
+    counts = {c: n for n, c in im.getcolors(1 << 24)}
+    for s in ("sao", "grpo"):  # the smoothed lines, in the setting's colour
+        assert counts.get(rgb(setting_color(s)), 0) > 500, s
 
 
 @pytest.mark.slow
@@ -263,20 +270,11 @@ def _apart(a, b):
 def test_every_chart_names_its_axes(tmp_path, width):
     "Each chart has an x-axis title (training step) and a y-axis title with its unit, shown as text beside the plot."
     from sao_repro.monitor.page import CHARTS
-    logs = tmp_path / "runs"
-    logs.mkdir()
-    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
-                    "--steps", "30", "--interval", "0"], check=True)
-    srv = serve_in_thread(logs, port=0, refresh_s=0.5)
-    try:
-        with open_page(width, 1500) as chrome:
-            chrome.goto(srv.url)
-            wait_for(chrome, lambda s: s["points"].get("acc", 0) == 60, 30, "both runs' accuracy")
-            charts = chrome.evaluate(AXES_JS)
-            shot = chrome.screenshot(full_page=True)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with monitor_of_finished_runs(tmp_path, 30) as srv, open_page(width, 1500) as chrome:
+        chrome.goto(srv.url)
+        wait_for(chrome, lambda s: s["points"].get("acc", 0) == 60, 30, "both runs' accuracy")
+        charts = chrome.evaluate(AXES_JS)
+        shot = chrome.screenshot(full_page=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / f"monitor_axes_{width}.png").write_bytes(shot)
     assert [c["metric"] for c in charts] == [s["metric"] for s in CHARTS]
