@@ -54,7 +54,7 @@ def test_resume_compares_options_even_without_a_checkpoint(tmp_path, capsys):
 
 # ---------------------------------------------------------------- one process per run folder
 def test_second_run_on_a_busy_folder_exits_2_and_a_stale_lock_is_taken_over(tmp_path):
-    args = ["run", *_run_args(tmp_path, 400, "--ckpt-every", "1", "--eval-every", "1000")]
+    args = ["run", *_run_args(tmp_path, 100_000, "--ckpt-every", "1", "--eval-every", "100000")]  # never ends by itself
     first = cli(*args)
     m = tmp_path / "mini" / "grpo" / "seed0" / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -66,12 +66,13 @@ def test_second_run_on_a_busy_folder_exits_2_and_a_stale_lock_is_taken_over(tmp_
         out, err = second.communicate(timeout=120)
         assert second.returncode == 2, err
         assert f"PID {first.pid}" in err and "Traceback" not in err
+    assert first.poll() is None  # still running: the kill below is what leaves the lock
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
     d = m.parent
     assert (d / ".lock").read_text().split("\t")[0] == str(first.pid)  # left behind by the kill
     n = len(read_metrics(d))
-    again = cli("run", *_run_args(tmp_path, n + 2, "--ckpt-every", "1", "--eval-every", "1000"), "--resume")
+    again = cli("run", *_run_args(tmp_path, n + 2, "--ckpt-every", "1", "--eval-every", "100000"), "--resume")
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0, err
     assert "stale_lock" in events(d) and not (d / ".lock").exists()

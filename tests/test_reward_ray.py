@@ -22,7 +22,7 @@ CHEAP = [(r"$\boxed{\frac{1}{2}}$", "0.5"), (r"$\boxed{7}$", "8"), (r"$\boxed{2\
 @pytest.fixture(scope="module")
 def ray_session():
     ray.cloudpickle.register_pickle_by_value(reward_hooks)  # Ray workers do not have tests/ on their path
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
              configure_logging=False)
     yield ray
     ray.shutdown()

@@ -183,7 +183,7 @@ def _ensure_ray():
         ray.init(address="auto", namespace="sao_repro", log_to_driver=False)
         return False
     except ConnectionError:
-        ray.init(num_cpus=2, include_dashboard=False, namespace="sao_repro", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="sao_repro", log_to_driver=False)
         return True
 
 # %% ../../nbs/54_reward.ipynb #9bbf19bf
