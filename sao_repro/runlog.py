@@ -11,6 +11,7 @@ import json
 import os
 import math
 import re
+import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,14 +20,27 @@ from .files import write_atomic
 
 # %% auto #0
 __all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'LOCK_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE',
-           'valid_step', 'parse_record', 'repair_lines', 'event_line_ok', 'log_event', 'RunFolderBusy', 'lock_run_dir',
-           'event_time', 'read_events', 'to_float', 'flatten', 'online_accuracy', 'graded_count', 'add_derived',
-           'areal_to_metrics']
+           'utf8_name', 'valid_step', 'loads_record', 'parse_record', 'repair_lines', 'event_line_ok', 'log_event',
+           'RunFolderBusy', 'lock_run_dir', 'event_time', 'read_events', 'to_float', 'flatten', 'online_accuracy',
+           'graded_count', 'add_derived', 'areal_to_metrics']
 
 # %% ../nbs/02_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.log"
 CONFIG_FILE = "config.json"
+
+# %% ../nbs/02_runlog.ipynb #a7c2e902
+def utf8_name(path, # a file or folder
+              what:str="folder", # what the warning calls it
+              name:str|None=None, # the name to check (default: the path's last part)
+             ) -> bool:
+    "True when `path`'s name is UTF-8; else False and a warning naming its bytes (the readers skip it)."
+    try:
+        (Path(path).name if name is None else name).encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        warnings.warn(f"skipped {what} {os.fsencode(path)!r}: its name is not UTF-8 (rename it to include it)", stacklevel=3)
+        return False
 
 # %% ../nbs/02_runlog.ipynb #44222dce
 MAX_STEP = 10**9
@@ -35,15 +49,29 @@ def valid_step(x) -> int|None:
     "`x` as a step number (an integer 0 <= x <= MAX_STEP), or None."
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
+    if isinstance(x, int):  # any size: compared as an integer, never turned into a float
+        return x if 0 <= x <= MAX_STEP else None
     if not math.isfinite(x) or x < 0 or x > MAX_STEP or x != int(x):
         return None
     return int(x)
 
+def _float_sized_int(text:str) -> int:
+    "`json`'s `parse_int`: the integer, or ValueError when it does not fit a float (as for any unreadable line)."
+    if len(text) > 308 and not math.isfinite(float(text)):  # float() of the text: inf, where float() of the int raises
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits does not fit a float")
+    return int(text)
+
+_DECODER = json.JSONDecoder(parse_int=_float_sized_int)
+
+def loads_record(raw:bytes|str):
+    "`json.loads` of one record, where an integer too large for a float is a ValueError (an unreadable line)."
+    return _DECODER.decode(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
+
 def parse_record(raw:bytes|str) -> dict|None:
-    "One metrics.jsonl line as a dict with a valid `step`, or None (torn, garbage or a bad step)."
+    "One metrics.jsonl line as a dict with a valid `step`, or None (torn, garbage, a bad step, a number too large)."
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        obj = loads_record(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(obj, dict) or valid_step(obj.get("step")) is None:
         return None
@@ -176,7 +204,10 @@ def to_float(v) -> float|None:
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an int too large for a float
+            return None
     if isinstance(v, str):
         try:
             return float(v)

@@ -21,19 +21,23 @@ def mean_ci(xs, # values, one per seed (None / NaN are dropped)
     n = len(v)
     if n == 0:
         return float("nan"), float("nan"), 0
+    s = max(map(abs, v))  # values near the float limit (1e308) are summed and squared as fractions of the largest
+    s = s if s > 1e150 else 1.0
+    v = [x / s for x in v] if s != 1.0 else v
     m = sum(v) / n
     if n == 1:
-        return m, float("nan"), 1
+        return m * s, float("nan"), 1
     sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
     from scipy.stats import t as student_t  # here: scipy.stats takes 1.5 s to import, and every run imports this module
-    return m, float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n), n
+    return m * s, float(student_t.ppf(0.5 + level / 2, n - 1)) * sd * s / math.sqrt(n), n
 
 # %% ../nbs/04_stats.ipynb #5db511fc
 def fmt_ci(m:float, h:float, digits:int=3) -> str:
-    "`m ± h` (just `m` when `h` is NaN, `-` when `m` is NaN)."
+    "`m ± h` (just `m` when `h` is NaN, `-` when `m` is NaN); a number of a million or more in exponent form."
     if m is None or not math.isfinite(m):
         return "-"
-    return f"{m:.{digits}f}" + (f" ± {h:.{digits}f}" if h is not None and math.isfinite(h) else "")
+    f = lambda x: f"{x:.{digits}g}" if abs(x) >= 1e6 else f"{x:.{digits}f}"
+    return f(m) + (f" ± {f(h)}" if h is not None and math.isfinite(h) else "")
 
 # %% ../nbs/04_stats.ipynb #41fcfd72
 def paired_effect(a: dict, # seed -> value of setting A (e.g. end accuracy)

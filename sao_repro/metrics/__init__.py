@@ -12,9 +12,10 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
+import numpy as np
 import pandas as pd
 from fastcore.basics import patch
-from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, valid_step
+from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, loads_record, utf8_name, valid_step
 from ..runlog import add_derived, areal_to_metrics, flatten, graded_count, online_accuracy, to_float
 from .areal import ArealLogParser, clean_log_line, is_areal_log
 from .health import HealthScan, health_flags, mark_degenerate, nonfinite_watched, sao_flags, timeout_rate
@@ -23,7 +24,7 @@ from .summary import smooth, summarize_runs, summarize_settings, to_wide, window
 
 # %% auto #0
 __all__ = ['COLUMNS', 'MAX_LINE', 'CHUNK', 'HEAD_BYTES', 'LineTail', 'parse_metrics_line', 'RunReader', 'tidy', 'RunStore',
-           'collect_metrics', 'scan_runs', 'run_flags', 'bench_metrics']
+           'SharedList', 'SharedDict', 'collect_metrics', 'scan_runs', 'run_flags', 'bench_metrics']
 
 # %% ../../nbs/64_metrics.ipynb #24f803ae
 COLUMNS = ["run", "setting", "seed", "step", "metric", "value"]
@@ -123,8 +124,9 @@ def parse_metrics_line(
     if not s:
         return None
     try:
-        obj = json.loads(s.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        obj = loads_record(s.decode("utf-8"))
+        flat = flatten(obj) if isinstance(obj, dict) and dict in map(type, obj.values()) else obj
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deeper than json or flatten go
         skipped["garbled" if complete else "truncated"] += 1
         return None
     step = to_float(obj.get("step")) if isinstance(obj, dict) else None
@@ -135,7 +137,6 @@ def parse_metrics_line(
         skipped["bad_step"] += 1
         return None
     values = {}
-    flat = flatten(obj) if any(isinstance(v, dict) for v in obj.values()) else obj
     for k, v in flat.items():
         t = type(v)
         if t is float or t is int:
@@ -188,7 +189,7 @@ class RunReader:
     def _log_files(self) -> list[Path]:
         try:
             files = sorted(p for p in self.dir.iterdir()
-                           if p.suffix in LOG_SUFFIXES and p.name != EVENTS_FILE and readable(p, self.follow))
+                           if p.suffix in LOG_SUFFIXES and p.name != EVENTS_FILE and utf8_name(p, "file") and readable(p, self.follow))
         except OSError:
             return []
         if (self.dir/"merged.log").is_file():
@@ -308,19 +309,21 @@ def info(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
             "loading": self.loading, "loaded_bytes": self.progress()[0], "total_bytes": self.progress()[1]}
 
 @patch
-def frame(self:RunReader) -> pd.DataFrame:
-    "The run's metrics as tidy rows (run, setting, seed, step, metric, value)."
+def rows(self:RunReader) -> tuple[list, list, list]:
+    "The run's `(steps, metrics, values)`, sorted by step then metric: the columns of its tidy rows."
     steps, metrics, values = [], [], []
     for s in sorted(self.steps):
-        items = sorted(self.steps[s].items())
-        steps += [s] * len(items)
-        metrics += [k for k, _ in items]
-        values += [v for _, v in items]
-    df = pd.DataFrame({"step": pd.array(steps, dtype="int64"), "metric": metrics, "value": pd.array(values, dtype="float64")})
-    df.insert(0, "seed", self.identity["seed"])
-    df.insert(0, "setting", self.identity["setting"])
-    df.insert(0, "run", self.run)
-    return df
+        m = self.steps[s]
+        keys = sorted(m)
+        steps += [s] * len(keys)
+        metrics += keys
+        values += map(m.__getitem__, keys)
+    return steps, metrics, values
+
+@patch
+def frame(self:RunReader) -> pd.DataFrame:
+    "The run's metrics as tidy rows (run, setting, seed, step, metric, value)."
+    return _tidy_rows([self])
 
 # %% ../../nbs/64_metrics.ipynb #aba23ca3
 def tidy(frames:list[pd.DataFrame]) -> pd.DataFrame:
@@ -328,6 +331,17 @@ def tidy(frames:list[pd.DataFrame]) -> pd.DataFrame:
     frames = sorted((f for f in frames if len(f)), key=lambda f: f["run"].iloc[0])
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     return df[COLUMNS].astype({"run": str, "setting": str, "seed": "Int64", "step": "int64", "metric": str, "value": "float64"})
+
+def _tidy_rows(readers:list) -> pd.DataFrame:
+    "The tidy frame of `readers`' runs, in run order, built in one go (not one frame per run)."
+    rs = sorted(readers, key=lambda r: r.run)
+    cols = [r.rows() for r in rs]
+    n = [len(c[0]) for c in cols]
+    ident = lambda f: np.repeat(np.array([f(r) for r in rs] or [None], dtype=object)[:len(rs)], n)
+    df = pd.DataFrame({"run": ident(lambda r: r.run), "setting": ident(lambda r: r.identity["setting"]),
+                       "seed": ident(lambda r: r.identity["seed"]), "step": [s for c in cols for s in c[0]],
+                       "metric": [k for c in cols for k in c[1]], "value": np.array([v for c in cols for v in c[2]], dtype="float64")})
+    return tidy([df])
 
 class RunStore:
     "Readers for every run folder below `root`, refreshed incrementally."
@@ -373,12 +387,21 @@ class RunStore:
         return self.readers
 
     def frame(self) -> pd.DataFrame:
-        return tidy([r.frame() for r in self.readers.values()])
+        return _tidy_rows(list(self.readers.values()))
 
     def infos(self, stall_minutes:float=10.0, now:float|None=None) -> list[dict]:
         return [r.info(stall_minutes, now) for r in sorted(self.readers.values(), key=lambda r: r.run)]
 
 # %% ../../nbs/64_metrics.ipynb #be3e13c3
+class SharedList(list):
+    "A list kept in `DataFrame.attrs`, shared (read-only): pandas deep-copies `attrs` into each frame an operation makes."
+    def __deepcopy__(self, memo):
+        return self
+
+class SharedDict(dict):
+    "A dict kept in `DataFrame.attrs`, shared (read-only) like `SharedList`."
+    __deepcopy__ = SharedList.__deepcopy__
+
 def collect_metrics(
     path, # a run folder, a runs tree, or an AReaL logs folder
     stall_minutes:float=10.0, # a run with no new step for this long is `stalled` (see `df.attrs["runs"]`)
@@ -387,8 +410,8 @@ def collect_metrics(
     store = RunStore(path)
     store.refresh(final=True)
     df = store.frame()
-    df.attrs["runs"] = store.infos(stall_minutes)
-    df.attrs["skipped"] = {i["run"]: i["skipped"] for i in df.attrs["runs"]}
+    df.attrs["runs"] = SharedList(store.infos(stall_minutes))  # per run: its info (flags, skip counts)
+    df.attrs["skipped"] = SharedDict({i["run"]: i["skipped"] for i in df.attrs["runs"]})
     return df
 
 def scan_runs(path, stall_minutes:float=10.0, now:float|None=None) -> list[dict]:

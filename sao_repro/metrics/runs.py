@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from pathlib import Path
-from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE
+from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, utf8_name
 from ..settings import list_settings
 from .areal import is_areal_log
 
@@ -33,7 +32,7 @@ def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
     named = [d/f for f in AREAL_LOGS if readable(d/f, follow_symlinks)]
     try:
         other = sorted(p for p in d.iterdir() if p.suffix in LOG_SUFFIXES and p.name not in AREAL_LOGS + (EVENTS_FILE,)
-                       and readable(p, follow_symlinks) and is_areal_log(p))
+                       and utf8_name(p, "file") and readable(p, follow_symlinks) and is_areal_log(p))
     except OSError:
         other = []
     return named + other
@@ -41,15 +40,6 @@ def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
 # %% ../../nbs/62_metrics.runs.ipynb #50612411
 RUN_MARKERS = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE) + AREAL_LOGS
 SEED_RE = re.compile(r"seed[_\-]?(\d+)", re.I)
-
-def _utf8_name(d:Path) -> bool:
-    "A folder whose name is not UTF-8 cannot be shown or stored as text: skipped, and named in a warning."
-    try:
-        d.name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        warnings.warn(f"skipped folder {os.fsencode(d)!r}: its name is not UTF-8 (rename it to include it)", stacklevel=3)
-        return False
 
 def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
     "`(run_name, folder)` for every run folder at or below `path` (a folder or a file in a run)."
@@ -60,9 +50,9 @@ def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
         return []
     found = []
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith(".") and _utf8_name(Path(d) / x))
-        if any(f in files for f in RUN_MARKERS) or any(
-                f.endswith(LOG_SUFFIXES) and readable(Path(d)/f, follow_symlinks) and is_areal_log(Path(d)/f) for f in files):
+        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith(".") and utf8_name(Path(d)/x))
+        if any(f in files for f in RUN_MARKERS) or any(f.endswith(LOG_SUFFIXES) and utf8_name(Path(d)/f, "file")
+                                                       and readable(Path(d)/f, follow_symlinks) and is_areal_log(Path(d)/f) for f in files):
             found.append(Path(d))
             dirs[:] = []
     def name(d):
@@ -71,7 +61,8 @@ def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
             return rel
         parts = d.resolve().parts
         return "/".join(parts[-3:]) if SEED_RE.fullmatch(parts[-1]) else parts[-1]
-    return [(name(d), d) for d in found]
+    named = [(name(d), d) for d in found]
+    return [(n, d) for n, d in named if utf8_name(d, "run folder", n)]  # the folder given: named from its path
 
 # %% ../../nbs/62_metrics.runs.ipynb #dbcb3bd1
 def setting_re() -> re.Pattern:
@@ -99,7 +90,7 @@ def run_identity(run_dir, run_name:str, follow_symlinks:bool=True) -> dict:
         hits = [m.group(1).lower() for p in parts for m in [pat.search(p)] if m]
         setting = hits[-1] if hits else "unknown"
     seed = cfg.get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 < seed < 2**63:  # a seed column holds int64
         hits = [int(m.group(1)) for p in parts for m in [SEED_RE.search(p)] if m]
         seed = hits[-1] if hits else None
     backend = cfg.get("backend")

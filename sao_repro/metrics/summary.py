@@ -33,12 +33,10 @@ def smooth(
     "A copy of `df` with `value` smoothed along steps per (run, metric)."
     if method not in ("rolling", "ema"):
         raise ValueError(f"method={method!r}: use 'rolling' or 'ema'")
-    out = df.sort_values(["run", "metric", "step"]).copy()
-    g = out.groupby(["run", "metric"], sort=False)["value"]
-    if method == "rolling":
-        out["value"] = g.transform(lambda s: s.rolling(window, min_periods=1).mean())
-    else:
-        out["value"] = g.transform(lambda s: s.ewm(span=window, ignore_na=True).mean())
+    out = df.sort_values(["run", "metric", "step"]).reset_index(drop=True)
+    g = out.groupby(["run", "metric"], sort=False)["value"]  # windows per group in one pass (no Python call per group)
+    s = g.rolling(window, min_periods=1).mean() if method == "rolling" else g.ewm(span=window, ignore_na=True).mean()
+    out["value"] = s.reset_index(level=[0, 1], drop=True)
     return out.sort_values(["run", "step", "metric"], kind="stable").reset_index(drop=True)
 
 # %% ../../nbs/63_metrics.summary.ipynb #1b500308

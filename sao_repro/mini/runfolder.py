@@ -18,7 +18,7 @@ import torch
 from ..files import write_atomic
 from ..safeload import load_state
 from ..runlog import log_event  # one events.log format for both backends
-from ..runlog import event_line_ok, parse_record, repair_lines, valid_step
+from ..runlog import event_line_ok, parse_record, repair_lines, utf8_name, valid_step
 from .config import MiniRunConfig
 
 # %% auto #0
@@ -47,8 +47,8 @@ def truncate_metrics(run_dir: Path, last_step: int, eval_due=None):
     write_atomic(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in keep).encode())
 
 def checkpoints(run_dir) -> list[Path]:
-    "Checkpoint files, oldest first."
-    return sorted((Path(run_dir) / "checkpoints").glob("step_*.pt"))
+    "Checkpoint files, oldest first (a name that is not UTF-8 is not one: skipped with a warning)."
+    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*.pt") if utf8_name(p, "checkpoint"))
 
 # %% ../../nbs/29_mini.runfolder.ipynb #1a783925
 def eval_due(cfg: MiniRunConfig, step: int) -> bool:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from fastcore.basics import patch
 from ..metrics import RunStore
+from ..runlog import utf8_name
 
 # %% auto #0
 __all__ = ['MAX_STEPS_PER_RUN', 'MAX_READ_BYTES', 'READ_STEP_BYTES', 'finite_or_none', 'jsonable', 'thin', 'MonitorState']
@@ -91,7 +92,8 @@ def _files(self:MonitorState, reader) -> list[str]:
     try:
         rel = reader.dir.resolve().relative_to(self.root)
         return sorted((rel/p.name).as_posix() for p in reader.dir.iterdir()
-                      if p.is_file() and not p.is_symlink() and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt"))
+                      if p.is_file() and not p.is_symlink() and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt")
+                      and utf8_name(p, "file"))  # a name that is not UTF-8 cannot be listed as text
     except (OSError, ValueError):
         return []
 

@@ -11,31 +11,44 @@ import hashlib
 from ..files import OutputPathError, check_output_dir, drop_links, file_sha256, output_dir
 import importlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 import pandas as pd
+from ..metrics import find_runs
+from ..runlog import utf8_name
 from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
 from .tables import (
     REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers, headline_table, load_runs,
-    numbers_table, reference_table, run_summary, health_table, mismatch_table, table_html)
+    numbers_table, reference_table, run_summary, runs_table, health_table, mismatch_table, table_html)
 from .text import (
     display_path, html_id, md_code, provenance, report_base, report_title, runs_block, runs_commands, runs_using, testbed_limits)
-from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep
+from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep, figure_notes
 from .render import (
     CHROMIUM_INSTALL, REPORT_FORMATS, REPORT_NAME, REPORT_NB, chromium_missing, find_chromium, html_to_pdf, image_stats,
     is_blank, notebook_to_html, offline_violations, quarto_html, report_formats, screenshot, set_notebook_title, shrink_png)
 from .docs import build_docs, check_quarto_yml, quarto_files as _yml_files
 
 # %% auto #0
-__all__ = ['INPUT_FILES', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'write_numbers', 'sweep_result_files',
-           'render_report', 'report_parser', 'report_main']
+__all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'write_numbers',
+           'sweep_result_files', 'render_report', 'report_parser', 'report_main']
 
 # %% ../../nbs/76_report.ipynb #2b7fc3a6
 INPUT_FILES = ("metrics.jsonl", "config.json", "main.log", "merged.log")
+
+def input_files(root, # a runs folder
+                names=INPUT_FILES, # the file names to list
+               ) -> list[Path]:
+    "The files called one of `names` below `root`, sorted, outside `checkpoints/`; folders not UTF-8 skipped with a warning."
+    found = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "checkpoints" and utf8_name(Path(d)/x)]
+        found += [Path(d)/f for f in files if f in names and (Path(d)/f).is_file()]
+    return sorted(found)
 
 def runs_fingerprint(runs, # runs folder
                      extra:list|None=None, # further files that shape the output (report notebook, source modules)
@@ -44,10 +57,9 @@ def runs_fingerprint(runs, # runs folder
     "sha256 over the runs' input files (names and contents), `extra` files and `params`."
     h = hashlib.sha256(json.dumps(params or {}, sort_keys=True, default=str).encode())
     root = Path(runs)
-    for p in sorted(root.rglob("*")):
-        if p.name in INPUT_FILES and p.is_file() and "checkpoints" not in p.parts:
-            h.update(p.relative_to(root).as_posix().encode())
-            h.update(file_sha256(p).encode())
+    for p in input_files(root):
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(file_sha256(p).encode())
     for p in extra or []:
         h.update(file_sha256(p).encode())
     return h.hexdigest()
@@ -73,11 +85,13 @@ def _source_files() -> list[str]:
     mods = ("report", "report.tables", "report.text", "report.figures", "report.render", "stats", "metrics")
     return [importlib.import_module(f"sao_repro.{m}").__file__ for m in mods]
 
-def write_numbers(runs, path:Path, start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
+def write_numbers(runs, path:Path, start_steps:int=50, end_steps:int=50,
+                  loaded:tuple|None=None, # `load_runs(runs)` when already loaded
+                 ) -> pd.DataFrame:
     "The numbers table as JSON (one object per backend x setting)."
-    df, runs_df = load_runs(runs)
+    df, runs_df = loaded or load_runs(runs)
     nt = numbers_table(run_summary(df, runs_df, start_steps, end_steps))
-    path.write_text(nt.to_json(orient="records", indent=1))
+    Path(path).write_text(nt.to_json(orient="records", indent=1))
     return nt
 
 # %% ../../nbs/76_report.ipynb #f820471a
@@ -100,7 +114,8 @@ def render_report(runs="runs", # runs folder
     formats, note = report_formats(formats)  # a PDF asked for without Chromium fails here, before anything is built
     runs, out = Path(runs), Path(out)
     nb = Path(notebook) if notebook else find_report_notebook()
-    if load_runs(runs)[1].empty:
+    if not find_runs(runs):
+        load_runs(runs)  # a missing folder: its error names it
         raise FileNotFoundError(f"no run folders (metrics.jsonl, config.json) under {runs}; "
                                 f"make runs with `sao-repro compare --out {runs}` first")
     out = output_dir(out, "--out")  # a file there is a one-line error; the folder is made if missing
@@ -116,7 +131,7 @@ def render_report(runs="runs", # runs folder
             raise FileNotFoundError(f"no <name>/results.json under {sweeps}; run `sao-repro sweep CONFIG` first")
         params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps, base)})
     use_quarto = bool(engine == "quarto" or (engine == "auto" and shutil.which("quarto")))
-    sweep_runs = [m for r in results for m in sorted(r.parent.rglob("metrics.jsonl")) if "checkpoints" not in m.parts]
+    sweep_runs = [m for r in results for m in input_files(r.parent, ("metrics.jsonl",))]
     key = runs_fingerprint(runs, [nb, *_source_files(), *results, *sweep_runs],  # sweep figures read the sweeps' runs
                            {**{k: v for k, v in params.items() if k not in ("runs_dir", "sweeps_dir")}, "quarto": use_quarto})
     paths = {"notebook": out/f"{REPORT_NAME}.ipynb", "html": out/f"{REPORT_NAME}.html",
@@ -128,13 +143,15 @@ def render_report(runs="runs", # runs folder
         log(f"report: inputs unchanged, reused {paths['html']} (use --force to rebuild)")
     else:
         stamp.unlink(missing_ok=True)
-        execute_report(nb, paths["notebook"], params)
-        set_notebook_title(paths["notebook"], report_title(load_runs(runs)[1]))
+        paths["numbers"].unlink(missing_ok=True)
+        execute_report(nb, paths["notebook"], {**params, "numbers_json": str(paths["numbers"].resolve())})
+        set_notebook_title(paths["notebook"], report_title(runs_table(runs)))
         if use_quarto:
             quarto_html(paths["notebook"].resolve(), paths["html"])
         else:
             notebook_to_html(paths["notebook"], paths["html"])
-        write_numbers(runs, paths["numbers"], start_steps, end_steps)
+        if not paths["numbers"].exists():  # a --notebook that does not write it
+            write_numbers(runs, paths["numbers"], start_steps, end_steps)
         stamp.write_text(key)
         log(f"report: wrote {paths['html']} ({'quarto' if use_quarto else 'nbconvert'})")
     if "pdf" in formats:

@@ -1,4 +1,4 @@
-"""The report's figures, drawn with seaborn: accuracy, DIS masked fractions, critic diagnostics and sweeps per setting, as seed means with 95% interval bands, in the settings' fixed colours and line styles.
+"""The report's figures, aggregated per setting and step, then drawn: accuracy, DIS masked fractions, critic diagnostics and sweeps per setting, as seed means with 95% interval bands, in the settings' fixed colours and line styles.
 
 Docs: https://sao-repro.github.io/sao-repro/report.figures.html.md"""
 
@@ -7,15 +7,17 @@ Docs: https://sao-repro.github.io/sao-repro/report.figures.html.md"""
 # %% ../../nbs/72_report.figures.ipynb #6370e48d
 from __future__ import annotations
 import hashlib
+import numpy as np
 import pandas as pd
 from ..metrics import smooth
 from ..settings import SETTING_COLORS, list_settings, setting_color
 from ..stats import mean_ci
 from .tables import _order, _setting_spec
+from .text import md_code
 
 # %% auto #0
-__all__ = ['COLORS', 'SETTING_STYLES', 'EXTRA_STYLES', 'ERRORBAR', 'setting_style', 't_interval', 'band_text', 'fig_accuracy',
-           'fig_dis', 'fig_critic', 'fig_sweep']
+__all__ = ['COLORS', 'SETTING_STYLES', 'EXTRA_STYLES', 'ERRORBAR', 'EXTREME', 'setting_style', 't_interval', 'band_text',
+           'seed_band', 'figure_notes', 'fig_accuracy', 'fig_dis', 'fig_critic', 'fig_sweep']
 
 # %% ../../nbs/72_report.figures.ipynb #e11ddd0f
 COLORS = SETTING_COLORS  # one palette: the monitor draws with it too (sao_repro.settings.setting_color)
@@ -55,33 +57,103 @@ def band_text(errorbar=ERRORBAR) -> str:
     raise ValueError(f"errorbar={errorbar!r}: use a callable, None, or ('ci'|'pi'|'se'|'sd', level)")
 
 # %% ../../nbs/72_report.figures.ipynb #c53b6656
-def _curves(df:pd.DataFrame, metric:str, smooth_steps:int) -> pd.DataFrame:
-    "The per-run values of `metric` (smoothed per run over `smooth_steps` steps): setting, run, step, value."
+EXTREME = 1e12  # a drawn value beyond ± this (or ±inf) is clipped and named
+
+def _clip(sel:pd.DataFrame, metric:str, notes:list) -> pd.DataFrame:
+    "`sel` with values beyond ±`EXTREME` drawn at ±2x the largest other magnitude; each run clipped is added to `notes`."
+    v = sel.value.to_numpy(dtype=float)
+    far = ~(np.abs(v) <= EXTREME)
+    if not far.any():
+        return sel
+    near = np.abs(v[~far])
+    lim = 2 * near.max() if len(near) and near.max() > 0 else 1.0
+    for run, n in sel.run[far].value_counts().sort_index().items():
+        notes.append({"metric": metric, "run": run, "clipped": int(n), "limit": float(lim)})
+    return sel.assign(value=np.clip(v, -lim, lim))
+
+def _curves(df:pd.DataFrame, metric:str, smooth_steps:int, notes:list|None=None) -> pd.DataFrame:
+    "The per-run values of `metric` (clipped, see `EXTREME`; smoothed per run over `smooth_steps` steps): setting, run, step, value."
     sel = df[(df.metric == metric)].dropna(subset=["value"])
     if sel.empty:
         return pd.DataFrame(columns=["setting", "run", "step", "value"])
+    sel = _clip(sel, metric, [] if notes is None else notes)
     sel = smooth(sel, smooth_steps) if smooth_steps > 1 else sel
     return sel[["setting", "run", "step", "value"]].reset_index(drop=True)
 
-def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, settings=None, errorbar=ERRORBAR):
-    "Draw one metric per setting on `ax` with seaborn (seed mean, band from `errorbar`); returns the settings drawn."
-    import seaborn as sns
-    c = _curves(df, metric, smooth_steps)
-    names = [n for n in _order(c.setting) if settings is None or n in settings]
+def seed_band(curves:pd.DataFrame, # setting, run, step, value: one value per run and step
+              errorbar=ERRORBAR, # the band (see `band_text`)
+             ) -> pd.DataFrame:
+    "Per setting and step: `mean` over the runs and the band `lo`..`hi` from `errorbar` (NaN where it has none)."
+    g = curves.groupby(["setting", "step"], sort=True).value
+    out = g.agg(["mean", "std", "count"]).reset_index()
+    if errorbar is t_interval:  # the default, for all groups at once
+        from scipy.stats import t as student_t
+        n = out["count"].to_numpy(dtype=float)
+        h = student_t.ppf(0.975, np.where(n > 1, n - 1, np.nan)) * out["std"].to_numpy(dtype=float) / np.sqrt(n)
+        out["lo"], out["hi"] = out["mean"] - h, out["mean"] + h
+    elif errorbar is None:
+        out["lo"] = out["hi"] = np.nan
+    else:  # any other seaborn errorbar, computed per group as seaborn.lineplot computes it
+        from seaborn._statistics import EstimateAggregator
+        agg = EstimateAggregator("mean", errorbar)
+        b = curves.groupby(["setting", "step"], sort=True)[["value"]].apply(lambda d: agg(d, "value"))
+        out["lo"], out["hi"] = b["valuemin"].to_numpy(), b["valuemax"].to_numpy()
+    return out[["setting", "step", "mean", "lo", "hi", "count"]]
+
+def _draw(ax, c:pd.DataFrame, names:list[str], errorbar):
+    "One line (the mean) and one band per setting of `names`, from the runs' curves `c`."
+    band = seed_band(c, errorbar)
     for i, name in enumerate(names):
-        s = c[c.setting == name]
+        s = band[band.setting == name]
         ls, marker = setting_style(name)
-        every = max(1, s.step.nunique() // 8)  # about 8 markers per curve, staggered between settings
-        sns.lineplot(s, x="step", y="value", estimator="mean", errorbar=errorbar, ax=ax, color=setting_color(name),
-                     label=name, linestyle=ls, lw=1.5, marker=marker, ms=4, markevery=(i * every // len(names), every),
-                     err_kws={"alpha": 0.15, "lw": 0})
+        every = max(1, len(s) // 8)  # about 8 markers per curve, staggered between settings
+        ax.plot(s.step, s["mean"], color=setting_color(name), label=name, linestyle=ls, lw=1.5, marker=marker, ms=4,
+                markevery=(i * every // len(names), every))
+        ax.fill_between(s.step, s.lo, s.hi, color=setting_color(name), alpha=0.15, lw=0)
+
+def _culprits(c:pd.DataFrame, errorbar) -> list[str]:
+    "The runs whose curve alone cannot be drawn (all of `c`'s runs when each can)."
+    from matplotlib.figure import Figure
+    bad = []
+    for run, g in c.groupby("run", sort=True):
+        try:
+            ax = Figure().add_subplot()
+            _draw(ax, g, list(g.setting.unique()), errorbar)
+            ax.figure.canvas.draw()
+        except Exception:  # noqa: BLE001 -- any failure marks the run
+            bad.append(run)
+    return bad or sorted(c.run.unique())
+
+def _some(runs:list, k:int=3) -> str:
+    return ", ".join(map(str, runs[:k])) + (f" and {len(runs) - k} more" if len(runs) > k else "")
+
+def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, settings=None, errorbar=ERRORBAR, notes=None):
+    "Draw one metric per setting on `ax` (seed mean, band from `errorbar`); returns the settings drawn, notes added to `notes`."
+    notes = [] if notes is None else notes
+    before = len(notes)
+    c = _curves(df, metric, smooth_steps, notes)
+    names = [n for n in _order(c.setting) if settings is None or n in settings]
+    c = c[c.setting.isin(names)]
+    shown = set(c.run)
+    notes[before:] = [n for n in notes[before:] if n["run"] in shown]  # clipped runs of the settings drawn
+    try:
+        _draw(ax, c, names, errorbar)
+    except Exception as e:  # noqa: BLE001 -- a panel that cannot be drawn names its runs instead of stopping the report
+        ax.cla()
+        runs = _culprits(c, errorbar)
+        notes.append({"metric": metric, "runs": runs, "error": f"{type(e).__name__}: {e}"[:200]})
+        ax.text(0.5, 0.5, f"{metric} could not be drawn ({type(e).__name__})\nruns: {_some(runs)}", ha="center", va="center",
+                transform=ax.transAxes, fontsize=8, color="#a00", wrap=True)
+        names = []
+    clipped = [n["run"] for n in notes[before:] if "clipped" in n]
+    if clipped:
+        ax.text(0.01, 0.99, f"clipped (values beyond ±{EXTREME:g}): {_some(clipped)}", ha="left", va="top",
+                transform=ax.transAxes, fontsize=6.5, color="#a00")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("")
     ax.grid(alpha=0.3)
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
-    if not names:
+    if not names and not notes[before:]:
         ax.text(0.5, 0.5, f"no {metric} in these runs", ha="center", va="center", transform=ax.transAxes, fontsize=9)
     return names
 
@@ -89,17 +161,29 @@ def _legend(ax, drawn):
     if drawn:
         ax.legend(fontsize=8, handlelength=3.5)
 
+def figure_notes(fig) -> str:
+    "Markdown naming what a figure clipped or could not draw (its `notes`); empty when nothing."
+    lines = []
+    for n in getattr(fig, "notes", []):
+        if "clipped" in n:
+            lines.append(f"- {md_code(n['metric'])} of {md_code(n['run'])}: {n['clipped']} value(s) beyond ±{EXTREME:g} "
+                         f"(an overflow, not a measurement) drawn clipped at ±{n['limit']:.3g}")
+        else:
+            lines.append(f"- {md_code(n['metric'])} could not be drawn ({md_code(n['error'])}); runs: " + ", ".join(map(md_code, n["runs"])))
+    return "**Figure notes:**\n\n" + "\n".join(lines) if lines else ""
+
 # %% ../../nbs/72_report.figures.ipynb #625cf4be
 def fig_accuracy(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
     "Online accuracy per setting (and held-out `eval/acc` when logged): seed means with `errorbar` bands."
     import matplotlib.pyplot as plt
     has_eval = (df.metric == "eval/acc").any()
     fig, axes = plt.subplots(1, 2 if has_eval else 1, figsize=(11 if has_eval else 7, 3.6), squeeze=False)
+    fig.notes = []
     drawn = _panel(axes[0, 0], df, "acc", f"online accuracy (rolling mean, {smooth_steps} steps)", smooth_steps,
-                   errorbar=errorbar)
+                   errorbar=errorbar, notes=fig.notes)
     axes[0, 0].set_ylabel("accuracy")
     if has_eval:
-        _panel(axes[0, 1], df, "eval/acc", "held-out accuracy (eval/acc, each evaluation)", 1, errorbar=errorbar)
+        _panel(axes[0, 1], df, "eval/acc", "held-out accuracy (eval/acc, each evaluation)", 1, errorbar=errorbar, notes=fig.notes)
     _legend(axes[0, 0], drawn)
     fig.tight_layout()
     return fig
@@ -109,9 +193,10 @@ def fig_dis(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
     import matplotlib.pyplot as plt
     with_dis = [n for n in list_settings() if _setting_spec(n).get("dis_band")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.3), squeeze=False)
+    fig.notes = []
     panels = [("dis/masked_frac", "DIS: masked fraction (total)"), ("dis/masked_below_frac", "masked below the band"),
               ("dis/masked_above_frac", "masked above the band")]
-    drawn = [_panel(ax, df, m, t, smooth_steps, with_dis, errorbar) for ax, (m, t) in zip(axes[0], panels)]
+    drawn = [_panel(ax, df, m, t, smooth_steps, with_dis, errorbar, fig.notes) for ax, (m, t) in zip(axes[0], panels)]
     _legend(axes[0, 0], drawn[0])
     fig.tight_layout()
     return fig
@@ -120,8 +205,10 @@ def fig_critic(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
     "Critic explained variance and value loss (settings with a critic): seed means with bands."
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.3), squeeze=False)
-    drawn = _panel(axes[0, 0], df, "critic/explained_var", "critic explained variance", smooth_steps, errorbar=errorbar)
-    _panel(axes[0, 1], df, "critic/value_loss", "critic value loss", smooth_steps, errorbar=errorbar)
+    fig.notes = []
+    drawn = _panel(axes[0, 0], df, "critic/explained_var", "critic explained variance", smooth_steps, errorbar=errorbar,
+                   notes=fig.notes)
+    _panel(axes[0, 1], df, "critic/value_loss", "critic value loss", smooth_steps, errorbar=errorbar, notes=fig.notes)
     _legend(axes[0, 0], drawn)
     fig.tight_layout()
     return fig
@@ -136,9 +223,9 @@ def fig_sweep(points:dict, # {point label: tidy metrics frame of that point's ru
     ncols = max(1, min(ncols, len(labels)))
     nrows = max(1, -(-len(labels) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(7, 3.8 * ncols), 3.2 * nrows), squeeze=False, sharey=True)
-    first = None
+    first, fig.notes = None, []
     for ax, label in zip(axes.flat, labels):
-        drawn = _panel(ax, points[label], metric, label, smooth_steps, errorbar=errorbar)
+        drawn = _panel(ax, points[label], metric, label, smooth_steps, errorbar=errorbar, notes=fig.notes)
         if drawn and first is None:
             first = (ax, drawn)
     for ax in list(axes.flat)[len(labels):]:

@@ -10,7 +10,7 @@ import html
 import re
 from pathlib import Path
 import pandas as pd
-from ..metrics import COLUMNS, collect_metrics, read_config, summarize_runs
+from ..metrics import COLUMNS, collect_metrics, find_runs, read_config, run_identity, summarize_runs
 from ..metrics.health import SAO_FLAGS
 from ..settings import get_setting, list_settings
 from ..dis import band_label, band_preset_name, dis_band
@@ -18,9 +18,9 @@ from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
 __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS',
-           'reference_table', 'design_table', 'load_runs', 'heldout_summary', 'run_summary', 'numbers_table',
-           'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table', 'table_html',
-           'mismatch_table']
+           'reference_table', 'design_table', 'load_runs', 'runs_table', 'heldout_summary', 'run_summary',
+           'numbers_table', 'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table',
+           'table_html', 'mismatch_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
 REFERENCE_SOURCE = ("reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
@@ -109,6 +109,16 @@ def load_runs(runs, # a runs folder (or one run folder)
         rows.append({"run": info["run"], "backend": info.get("backend") or "unknown", "setting": info["setting"],
                      "seed": info["seed"], "dir": d, "config": read_config(d)})
     return df, pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+def runs_table(runs, # a runs folder (or one run folder)
+              ) -> pd.DataFrame:
+    "`load_runs(runs)[1]` without reading any metrics: one row per run from its path and config.json (for the title)."
+    rows = []
+    for name, d in find_runs(runs):
+        ident, cfg = run_identity(d, name), read_config(d)
+        rows.append({"run": name, "backend": ident["backend"] or "unknown", "setting": ident["setting"], "seed": ident["seed"],
+                     "dir": d, "config": cfg})
+    return pd.DataFrame(sorted(rows, key=lambda r: r["run"]), columns=RUN_COLUMNS)
 
 # %% ../../nbs/70_report.tables.ipynb #e895a3c7
 def heldout_summary(df:pd.DataFrame, # tidy metrics frame
