@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "sweep": "sao_repro.mini.bench:sweep_main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
+    "report": "sao_repro.report.bench:main",
     "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal_main",
 }
 
@@ -83,7 +84,7 @@ def main(argv:list[str]|None=None) -> int:
     a = p.parse_args(argv)
     mod, fn = BENCHES[a.name].split(":")
     f = getattr(importlib.import_module(mod), fn)
-    return (f(a.options) if a.name in ("mini", "sweep", "rehearsal") else f()) or 0
+    return (f(a.options) if a.name in ("mini", "sweep", "rehearsal", "report") else f()) or 0
 
 # %% ../nbs/91_bench.ipynb #d40fa2f7
 if __name__ == "__main__":

@@ -469,3 +469,48 @@ def test_degenerate_step_is_marked_not_a_huge_negative(tmp_path):
     assert math.isnan(ev[2]) and ev[1] == 0.3
     assert df[(df.metric == "critic/returns_degenerate")].step.tolist() == [2]
     assert scan_runs(tmp_path)[0]["flag_steps"]["degenerate_returns"] == 2
+
+
+# ---------------------------------------------------------------- names that are not UTF-8, numbers no float holds
+
+BIG = "1" + "0" * 400  # json reads it as an int; float() of it raises OverflowError
+
+
+def test_names_not_utf8_at_any_depth_are_skipped_and_named(tmp_path):
+    good = run_dir(tmp_path, "sao", 0)
+    (good / "metrics.jsonl").write_bytes(jl(step=1, acc=0.5) + jl(step=2, acc=0.6))
+    root = os.fsencode(tmp_path)
+    bad_dirs = (b"/mini/grpo/se\xffed0", b"/mini/gr\xffpo/seed0", b"/m\xffini/sao/seed0", b"/mini/sao/seed0/sub\xff")
+    for bad in bad_dirs:
+        os.makedirs(root + bad)
+        with open(root + bad + b"/metrics.jsonl", "wb") as f:
+            f.write(jl(step=1, acc=0.9))
+    with open(root + b"/mini/sao/seed0/tr\xffain.log", "wb") as f:  # a log file of the good run
+        f.write(b"Traceback (most recent call last):\nRuntimeError: CUDA out of memory.\n")
+    with pytest.warns(UserWarning) as w:
+        df = collect_metrics(tmp_path)
+        infos = scan_runs(tmp_path)
+    said = " ".join(str(x.message) for x in w)
+    for name in (b"se\\xffed0", b"gr\\xffpo", b"m\\xffini", b"sub\\xff", b"tr\\xffain.log"):
+        assert name.decode() in said and "not UTF-8" in said, (name, said)
+    assert set(df.run) == {"mini/sao/seed0"} and df[df.metric == "acc"].value.tolist() == [0.5, 0.6]
+    assert [i["run"] for i in infos] == ["mini/sao/seed0"]
+    assert not infos[0]["flags"]["crashed"] and not infos[0]["flags"]["oom"]  # the skipped log is not read
+    json.dumps(infos, ensure_ascii=False).encode("utf-8")  # every name in what the readers return is text
+
+
+def test_a_number_no_float_holds_skips_its_line_like_a_torn_one(tmp_path):
+    d = run_dir(tmp_path, "grpo", 0)
+    (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.5) + b'{"step": 2, "acc": %s}\n' % BIG.encode()
+                                      + b'{"step": %s, "acc": 0.1}\n' % BIG.encode()
+                                      + b'{"step": 3, "acc": 0.7, "nested": {"x": -%s}}\n' % BIG.encode()
+                                      + jl(step=4, acc=0.8) + b'{"step": 5, "acc": %s' % BIG.encode())
+    df = collect_metrics(tmp_path)
+    assert df[df.metric == "acc"].set_index("step").value.to_dict() == {1: 0.5, 4: 0.8}  # the lines after are read
+    assert df.attrs["skipped"]["mini/grpo/seed0"] == {"garbled": 3, "truncated": 1, "too_long": 0}
+    r = RunReader(d, "r")  # the monitor's incremental reader: the same, and steps appended later still arrive
+    r.update()
+    with open(d / "metrics.jsonl", "ab") as f:
+        f.write(b"\n" + jl(step=6, acc=0.9))
+    r.update()
+    assert sorted(r.steps) == [1, 4, 6] and r.skipped["garbled"] == 4  # the torn tail, completed with a newline, too

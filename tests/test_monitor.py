@@ -102,6 +102,30 @@ def test_live_updates(server, logs):
     assert strict_json(request(server, "/api/runs")[1])[0]["flags"]["finished"] is True
 
 
+def test_numbers_no_float_holds_and_names_not_utf8_neither_drop_nor_hide(server, logs):
+    """A line with an integer of 400 digits is skipped and counted, the connection stays up and later steps arrive;
+    a run folder or file whose name is not UTF-8 is left out (the JSON is text)."""
+    big = b"1" + b"0" * 400
+    with open(logs / "mini" / "grpo" / "seed1" / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 4, "acc": %s}\n{"step": 5, "acc": 0.5}\n{"step": %s, "acc": 0.6}\n' % (big, big))
+    os.makedirs(os.fsencode(logs) + b"/mini/grpo/se\xffed0")
+    with open(os.fsencode(logs) + b"/mini/grpo/se\xffed0/metrics.jsonl", "wb") as f:
+        f.write(b'{"step": 1, "acc": 0.5}\n')
+    with open(os.fsencode(logs) + b"/mini/grpo/seed1/tr\xffain.log", "wb") as f:
+        f.write(b"hello\n")
+    code, body, _ = request(server, "/api/runs")
+    assert code == 200
+    runs = {r["run"]: r for r in strict_json(body)}
+    assert set(runs) == {"mini/grpo/seed1", "mini/sao/seed0"}
+    grpo = runs["mini/grpo/seed1"]
+    assert grpo["last_step"] == 5 and grpo["skipped"]["garbled"] == 2
+    assert grpo["files"] == ["mini/grpo/seed1/events.log", "mini/grpo/seed1/metrics.jsonl"]
+    with open(logs / "mini" / "grpo" / "seed1" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "acc": 0.7}\n')
+    code, body, _ = request(server, "/api/metrics?run=mini/grpo/seed1&metrics=acc")
+    assert code == 200 and strict_json(body)["metrics"]["acc"]["step"] == [1, 2, 3, 5, 6]
+
+
 def test_page_static_and_no_cdn(server):
     code, body, headers = request(server, "/")
     assert code == 200 and b"sao-repro monitor" in body and b"static/monitor.js" in body

@@ -150,6 +150,24 @@ def test_non_utf8_run_folder_is_skipped_and_named(tmp_path):
         assert [r["run"] for r in scan_runs(tmp_path / "runs")] == ["mini/grpo/seed0"]
 
 
+# ---------------------------------------------------------------- a number no float holds in metrics.jsonl
+def test_resume_skips_a_number_no_float_holds_and_goes_on(tmp_path, capsys):
+    """An integer of 400 digits (json: an int; float() of it: OverflowError) in a step's values and as a step: --resume
+    drops both lines like torn ones (a `repair` event counts them) and continues, every time, not stopped for good."""
+    assert run_main(_run_args(tmp_path, 4)) == 0
+    d = tmp_path / "mini" / "grpo" / "seed0"
+    p = d / "metrics.jsonl"
+    lines = p.read_text().splitlines()
+    big = "1" + "0" * 400
+    lines[1] = lines[1].replace('{"step": 2, ', '{"step": 2, "huge": %s, ' % big, 1)
+    p.write_text("\n".join(lines + ['{"step": %s, "acc": 0.5}' % big]) + "\n")
+    assert run_main(_run_args(tmp_path, 6, "--resume")) == 0, capsys.readouterr().err
+    assert [m["step"] for m in read_metrics(d)] == [1, 3, 4, 5, 6]
+    assert events(d).count("repair") == 1 and '"metrics.jsonl": 2' in (d / "events.log").read_text()
+    assert run_main(_run_args(tmp_path, 7, "--resume")) == 0
+    assert [m["step"] for m in read_metrics(d)] == [1, 3, 4, 5, 6, 7]
+
+
 # ---------------------------------------------------------------- a full disk during a run
 @pytest.fixture
 def tiny_disk(tmp_path):

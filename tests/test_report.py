@@ -221,7 +221,8 @@ def test_report_notebook_has_a_literal_parameters_cell():
     assert len(cells) == 1
     src = "".join(cells[0]["source"])
     names = {l.split("=")[0].strip() for l in src.splitlines() if "=" in l}
-    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command", "sweeps_dir", "sweeps_label"}
+    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command", "sweeps_dir", "sweeps_label",
+                     "numbers_json"}
 
 
 @pytest.mark.slow
@@ -701,3 +702,71 @@ def test_report_out_naming_a_file_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"--out {f}: that is a file" in p.stderr and f.read_text() == "x"
+
+
+# ---------------------------------------------------------------- names and numbers no reader can take; many runs
+
+def plain_text(html):
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).replace("&#177;", "±")
+
+
+def test_report_skips_names_not_utf8_and_numbers_no_float_holds_and_clips_extremes(tmp_path, capsys):
+    "Folders not UTF-8 at each depth, a line with a 400-digit integer, values of ±1e308: the report is built, says what it clipped."
+    import os
+    import shutil
+    from sao_repro.report.bench import fabricate_runs
+    runs = fabricate_runs(tmp_path / "runs", 6, steps=12)  # the five settings, and sao seed 1
+    root = os.fsencode(runs)
+    for bad in (b"/mini/grpo/se\xffed0", b"/mini/gr\xffpo/seed0", b"/m\xffini/sao/seed0", b"/mini/sao/seed0/sub\xff"):
+        os.makedirs(root + bad)
+        shutil.copy(runs / "mini" / "sao" / "seed0" / "metrics.jsonl", root + bad + b"/metrics.jsonl")
+    with open(runs / "mini" / "grpo" / "seed0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "acc": 1%s}\n{"step": 14, "acc": 0.5}\n' % ("0" * 400))
+    p = runs / "mini" / "sao" / "seed1" / "metrics.jsonl"
+    ms = [json.loads(l) for l in p.read_text().splitlines()]
+    ms[3]["acc"], ms[4]["acc"] = 1e308, -1e308
+    p.write_text("".join(json.dumps(m) + "\n" for m in ms))
+    with pytest.warns(UserWarning, match="not UTF-8"):
+        rc = R.report_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"])
+    assert rc == 0, capsys.readouterr().err
+    text = plain_text((tmp_path / "out" / "math_hard_report.html").read_text())
+    assert "acc of mini/sao/seed1 : 2 value(s) beyond ±1e+12" in text, text[:3000]  # named under Figure 1
+    numbers = {n["setting"]: n for n in json.loads((tmp_path / "out" / "numbers.json").read_text())}
+    assert numbers["grpo"]["runs"] == ["mini/grpo/seed0"] and numbers["sao"]["seeds"] == 2
+    with pytest.warns(UserWarning, match="not UTF-8"):
+        df, runs_df = R.load_runs(runs)
+    assert len(runs_df) == 6 and df.attrs["skipped"]["mini/grpo/seed0"]["garbled"] == 1
+    assert df[(df.run == "mini/grpo/seed0") & (df.metric == "acc")].step.max() == 14  # the line after it is read
+    f = R.fig_accuracy(df, 3)
+    assert f.notes == [{"metric": "acc", "run": "mini/sao/seed1", "clipped": 2, "limit": f.notes[0]["limit"]}]
+    assert all(abs(y) <= f.notes[0]["limit"] for l in f.axes[0].lines for y in l.get_ydata())
+
+
+@pytest.mark.slow
+def test_report_on_300_fabricated_runs_draws_one_line_per_setting(tmp_path):
+    "300 runs: the report is built; each panel is one line and one band per setting, the mean over its 60 seeds per step."
+    import numpy as np
+    from sao_repro.metrics import smooth
+    from sao_repro.report.bench import fabricate_runs
+    from sao_repro.settings import list_settings
+    runs = fabricate_runs(tmp_path / "runs", 300, steps=30)
+    assert R.report_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"]) == 0
+    numbers = json.loads((tmp_path / "out" / "numbers.json").read_text())
+    assert sorted(n["setting"] for n in numbers) == sorted(list_settings()) and {n["seeds"] for n in numbers} == {60}
+    df, _ = R.load_runs(runs)
+    ax = R.fig_accuracy(df, 10).axes[0]
+    assert [l.get_label() for l in ax.lines] == list_settings() and len(ax.collections) == len(ax.lines)
+    want = smooth(df[df.metric == "acc"], 10).groupby(["setting", "step"]).value.agg(["mean", "std", "count"])
+    for line, band in zip(ax.lines, ax.collections):
+        w = want.loc[line.get_label()]
+        assert list(line.get_xdata()) == list(w.index) and np.allclose(line.get_ydata(), w["mean"])
+        lo, hi = t_band_of(w.loc[15])
+        ys = band.get_paths()[0].vertices
+        ys = ys[ys[:, 0] == 15][:, 1]
+        assert ys.min() == pytest.approx(lo) and ys.max() == pytest.approx(hi)
+
+
+def t_band_of(row):
+    from scipy.stats import t
+    h = t.ppf(0.975, row["count"] - 1) * row["std"] / math.sqrt(row["count"])
+    return row["mean"] - h, row["mean"] + h

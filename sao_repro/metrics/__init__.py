@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
-import numpy as np
 import pandas as pd
 from fastcore.basics import patch
 from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, loads_record, utf8_name, valid_step
@@ -20,14 +19,14 @@ from ..runlog import add_derived, areal_to_metrics, flatten, graded_count, onlin
 from .areal import ArealLogParser, clean_log_line, is_areal_log
 from .health import HealthScan, health_flags, mark_degenerate, nonfinite_watched, sao_flags, timeout_rate
 from .runs import AREAL_LOGS, LOG_SUFFIXES, areal_logs, find_runs, read_config, readable, run_identity
-from .summary import smooth, summarize_runs, summarize_settings, to_wide, window
+from .summary import COLUMNS, SharedDict, SharedList, readers_frame, smooth, summarize_runs, summarize_settings
+from .summary import tidy, to_wide, window
 
 # %% auto #0
-__all__ = ['COLUMNS', 'MAX_LINE', 'CHUNK', 'HEAD_BYTES', 'LineTail', 'parse_metrics_line', 'RunReader', 'tidy', 'RunStore',
-           'SharedList', 'SharedDict', 'collect_metrics', 'scan_runs', 'run_flags', 'bench_metrics']
+__all__ = ['MAX_LINE', 'CHUNK', 'HEAD_BYTES', 'LineTail', 'parse_metrics_line', 'RunReader', 'RunStore', 'collect_metrics',
+           'scan_runs', 'run_flags', 'bench_metrics']
 
 # %% ../../nbs/64_metrics.ipynb #24f803ae
-COLUMNS = ["run", "setting", "seed", "step", "metric", "value"]
 MAX_LINE = 1 << 20
 CHUNK = 1 << 20
 
@@ -309,40 +308,11 @@ def info(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
             "loading": self.loading, "loaded_bytes": self.progress()[0], "total_bytes": self.progress()[1]}
 
 @patch
-def rows(self:RunReader) -> tuple[list, list, list]:
-    "The run's `(steps, metrics, values)`, sorted by step then metric: the columns of its tidy rows."
-    steps, metrics, values = [], [], []
-    for s in sorted(self.steps):
-        m = self.steps[s]
-        keys = sorted(m)
-        steps += [s] * len(keys)
-        metrics += keys
-        values += map(m.__getitem__, keys)
-    return steps, metrics, values
-
-@patch
 def frame(self:RunReader) -> pd.DataFrame:
     "The run's metrics as tidy rows (run, setting, seed, step, metric, value)."
-    return _tidy_rows([self])
+    return readers_frame([self])
 
 # %% ../../nbs/64_metrics.ipynb #aba23ca3
-def tidy(frames:list[pd.DataFrame]) -> pd.DataFrame:
-    "Concatenate per-run frames (each sorted by step, metric) in run order, with fixed columns and dtypes."
-    frames = sorted((f for f in frames if len(f)), key=lambda f: f["run"].iloc[0])
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    return df[COLUMNS].astype({"run": str, "setting": str, "seed": "Int64", "step": "int64", "metric": str, "value": "float64"})
-
-def _tidy_rows(readers:list) -> pd.DataFrame:
-    "The tidy frame of `readers`' runs, in run order, built in one go (not one frame per run)."
-    rs = sorted(readers, key=lambda r: r.run)
-    cols = [r.rows() for r in rs]
-    n = [len(c[0]) for c in cols]
-    ident = lambda f: np.repeat(np.array([f(r) for r in rs] or [None], dtype=object)[:len(rs)], n)
-    df = pd.DataFrame({"run": ident(lambda r: r.run), "setting": ident(lambda r: r.identity["setting"]),
-                       "seed": ident(lambda r: r.identity["seed"]), "step": [s for c in cols for s in c[0]],
-                       "metric": [k for c in cols for k in c[1]], "value": np.array([v for c in cols for v in c[2]], dtype="float64")})
-    return tidy([df])
-
 class RunStore:
     "Readers for every run folder below `root`, refreshed incrementally."
     def __init__(self,
@@ -387,21 +357,12 @@ class RunStore:
         return self.readers
 
     def frame(self) -> pd.DataFrame:
-        return _tidy_rows(list(self.readers.values()))
+        return readers_frame(list(self.readers.values()))
 
     def infos(self, stall_minutes:float=10.0, now:float|None=None) -> list[dict]:
         return [r.info(stall_minutes, now) for r in sorted(self.readers.values(), key=lambda r: r.run)]
 
 # %% ../../nbs/64_metrics.ipynb #be3e13c3
-class SharedList(list):
-    "A list kept in `DataFrame.attrs`, shared (read-only): pandas deep-copies `attrs` into each frame an operation makes."
-    def __deepcopy__(self, memo):
-        return self
-
-class SharedDict(dict):
-    "A dict kept in `DataFrame.attrs`, shared (read-only) like `SharedList`."
-    __deepcopy__ = SharedList.__deepcopy__
-
 def collect_metrics(
     path, # a run folder, a runs tree, or an AReaL logs folder
     stall_minutes:float=10.0, # a run with no new step for this long is `stalled` (see `df.attrs["runs"]`)

@@ -1,4 +1,4 @@
-"""Windows, smoothing and per-run / per-setting summaries of a tidy metrics frame.
+"""The tidy metrics frame: its columns, built in one go from the runs' steps, and its windows, smoothing and per-run / per-setting summaries.
 
 Docs: https://sao-repro.github.io/sao-repro/metrics.summary.html.md"""
 
@@ -6,10 +6,48 @@ Docs: https://sao-repro.github.io/sao-repro/metrics.summary.html.md"""
 
 # %% ../../nbs/63_metrics.summary.ipynb #99262778
 from __future__ import annotations
+import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['window', 'smooth', 'summarize_runs', 'summarize_settings', 'to_wide']
+__all__ = ['COLUMNS', 'tidy', 'readers_frame', 'SharedList', 'SharedDict', 'window', 'smooth', 'summarize_runs',
+           'summarize_settings', 'to_wide']
+
+# %% ../../nbs/63_metrics.summary.ipynb #d1f3a002
+COLUMNS = ["run", "setting", "seed", "step", "metric", "value"]
+
+def tidy(frames:list[pd.DataFrame]) -> pd.DataFrame:
+    "Concatenate per-run frames (each sorted by step, metric) in run order, with fixed columns and dtypes."
+    frames = sorted((f for f in frames if len(f)), key=lambda f: f["run"].iloc[0])
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    return df[COLUMNS].astype({"run": str, "setting": str, "seed": "Int64", "step": "int64", "metric": str, "value": "float64"})
+
+def readers_frame(readers:list) -> pd.DataFrame:
+    "The tidy frame of the readers' runs (each with `run`, `identity` and `steps`), in run order, built in one go."
+    rs = sorted(readers, key=lambda r: r.run)
+    n, steps, metrics, values = [], [], [], []
+    for r in rs:
+        before = len(steps)
+        for s in sorted(r.steps):
+            m = r.steps[s]
+            keys = sorted(m)
+            steps += [s] * len(keys)
+            metrics += keys
+            values += map(m.__getitem__, keys)
+        n.append(len(steps) - before)
+    ident = lambda f: np.repeat(np.array([f(r) for r in rs] + [None], dtype=object)[:len(rs)], n)
+    return tidy([pd.DataFrame({"run": ident(lambda r: r.run), "setting": ident(lambda r: r.identity["setting"]),
+                               "seed": ident(lambda r: r.identity["seed"]), "step": steps, "metric": metrics,
+                               "value": np.array(values, dtype="float64")})])
+
+class SharedList(list):
+    "A list kept in `DataFrame.attrs`, shared (read-only): pandas deep-copies `attrs` into each frame an operation makes."
+    def __deepcopy__(self, memo):
+        return self
+
+class SharedDict(dict):
+    "A dict kept in `DataFrame.attrs`, shared (read-only) like `SharedList`."
+    __deepcopy__ = SharedList.__deepcopy__
 
 # %% ../../nbs/63_metrics.summary.ipynb #69904514
 def window(

@@ -64,7 +64,7 @@ def _clip(sel:pd.DataFrame, metric:str, notes:list) -> pd.DataFrame:
     v = sel.value.to_numpy(dtype=float)
     far = ~(np.abs(v) <= EXTREME)
     if not far.any():
-        return sel
+        return sel.assign(value=v)
     near = np.abs(v[~far])
     lim = 2 * near.max() if len(near) and near.max() > 0 else 1.0
     for run, n in sel.run[far].value_counts().sort_index().items():
@@ -111,18 +111,19 @@ def _draw(ax, c:pd.DataFrame, names:list[str], errorbar):
                 markevery=(i * every // len(names), every))
         ax.fill_between(s.step, s.lo, s.hi, color=setting_color(name), alpha=0.15, lw=0)
 
-def _culprits(c:pd.DataFrame, errorbar) -> list[str]:
-    "The runs whose curve alone cannot be drawn (all of `c`'s runs when each can)."
+def _culprits(rows:pd.DataFrame, metric:str, smooth_steps:int, errorbar) -> list[str]:
+    "The runs of `rows` (a tidy frame) whose curve of `metric` alone cannot be drawn (all of them when each can)."
     from matplotlib.figure import Figure
     bad = []
-    for run, g in c.groupby("run", sort=True):
+    for run, g in rows[rows.metric == metric].groupby("run", sort=True):
         try:
+            c = _curves(g, metric, smooth_steps)
             ax = Figure().add_subplot()
-            _draw(ax, g, list(g.setting.unique()), errorbar)
+            _draw(ax, c, list(c.setting.unique()), errorbar)
             ax.figure.canvas.draw()
         except Exception:  # noqa: BLE001 -- any failure marks the run
-            bad.append(run)
-    return bad or sorted(c.run.unique())
+            bad.append(str(run))
+    return bad or sorted(map(str, rows[rows.metric == metric].run.unique()))
 
 def _some(runs:list, k:int=3) -> str:
     return ", ".join(map(str, runs[:k])) + (f" and {len(runs) - k} more" if len(runs) > k else "")
@@ -131,16 +132,18 @@ def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, setting
     "Draw one metric per setting on `ax` (seed mean, band from `errorbar`); returns the settings drawn, notes added to `notes`."
     notes = [] if notes is None else notes
     before = len(notes)
-    c = _curves(df, metric, smooth_steps, notes)
-    names = [n for n in _order(c.setting) if settings is None or n in settings]
-    c = c[c.setting.isin(names)]
-    shown = set(c.run)
-    notes[before:] = [n for n in notes[before:] if n["run"] in shown]  # clipped runs of the settings drawn
     try:
+        c = _curves(df, metric, smooth_steps, notes)
+        names = [n for n in _order(c.setting) if settings is None or n in settings]
+        c = c[c.setting.isin(names)]
+        shown = set(c.run)
+        notes[before:] = [n for n in notes[before:] if n["run"] in shown]  # clipped runs of the settings drawn
         _draw(ax, c, names, errorbar)
     except Exception as e:  # noqa: BLE001 -- a panel that cannot be drawn names its runs instead of stopping the report
         ax.cla()
-        runs = _culprits(c, errorbar)
+        del notes[before:]
+        rows = df if settings is None else df[df.setting.isin(settings)]
+        runs = _culprits(rows, metric, smooth_steps, errorbar)
         notes.append({"metric": metric, "runs": runs, "error": f"{type(e).__name__}: {e}"[:200]})
         ax.text(0.5, 0.5, f"{metric} could not be drawn ({type(e).__name__})\nruns: {_some(runs)}", ha="center", va="center",
                 transform=ax.transAxes, fontsize=8, color="#a00", wrap=True)
