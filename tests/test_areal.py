@@ -673,7 +673,8 @@ def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeyp
     ck = tmp_path / "ck" / "epoch1epochstep3globalstep12"
     _tiny_critic(0).save_pretrained(ck)
     run = tmp_path / "run"
-    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}")
+    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}",
+               f"cluster.fileroot={tmp_path / 'areal'}")  # AReaL's log folders go there, not under the working folder
     monkeypatch.setattr(cli_args, "save_config", lambda *a, **k: None)  # AReaL's own copy goes under its fileroot
     T._start_run(cfg, str(run))
     c = json.loads((run / "config.json").read_text())
