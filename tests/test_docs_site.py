@@ -76,7 +76,7 @@ def test_a_build_is_quiet_and_titles_pages_by_their_notebooks(tmp_path):
     pages = quiet_pages(output, out)
     assert pages == {"index.ipynb": "index.html", "04_stats.ipynb": "stats.html", "10_dis.ipynb": "dis.html",
                      "report (not built yet)": "math_hard_report.html"}
-    assert page_title(out / "dis.html") == notebook_title(ROOT / MATH_NB) == "DIS: dynamic importance sampling with a trust band"
+    assert page_title(out / "dis.html") == notebook_title(ROOT / MATH_NB) == "DIS: decoupled importance sampling with a trust band"
     assert page_title(out / "index.html") == notebook_title(ROOT / "nbs/index.ipynb")
     assert page_title(out / "math_hard_report.html") == "MATH-hard report"
 
