@@ -26,7 +26,10 @@ LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 
 def readable(p:Path, follow_symlinks:bool=True) -> bool:
     "`p` is a file we may read (with `follow_symlinks=False`, the monitor's reading: never a symlink, which may point out of the tree, and only a file its user may read, `may_read`)."
-    return p.is_file() and (follow_symlinks or (not p.is_symlink() and may_read(p)))
+    try:
+        return p.is_file() and (follow_symlinks or (not p.is_symlink() and may_read(p)))
+    except OSError:  # below a folder this user may list but not enter
+        return False
 
 def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
     "AReaL log files of a folder: main.log, merged.log, then other logs that look like AReaL's."

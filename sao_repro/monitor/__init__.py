@@ -147,7 +147,7 @@ def _serve_file(self:MonitorHandler, rel:str):
     p = safe_path(self.server.state.root, rel)
     if p is None:
         return self._error(403, "path outside the logs folder")
-    if not p.is_file() or not may_read_below(self.server.state.root, p):  # what its user may not read does not exist here
+    if not may_read_below(self.server.state.root, p) or not p.is_file():  # what its user may not read does not exist here
         return self._error(404, "no such file")
     with open(p, "rb") as f:
         size = f.seek(0, os.SEEK_END)
