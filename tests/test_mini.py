@@ -268,9 +268,10 @@ def test_areal_backend_goes_through_the_launcher(tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------- papermill
 def test_compare_papermill_smoke(tmp_path, capsys):
     "compare executes run_setting.ipynb per run, keeps it, goes on after a failure and prints the summary."
-    # 12 trajectories per step is not a multiple of grpo's group size 8: that run fails, running_mean goes on
+    # grpo's folder holds a partial run with another lag: its resume refuses the change, running_mean goes on
+    run_setting("grpo", 0, 2, out_dir=str(tmp_path), smoke=True, overrides={"lag": 0}, log=None)
     rc = compare_main(["--settings", "grpo", "running_mean", "--seeds", "1", "--smoke", "--out", str(tmp_path),
-                       "--traj-per-step", "12", "--jobs", "2"])
+                       "--jobs", "2"])
     out = capsys.readouterr()
     assert rc == 1
     assert "failed: grpo seed0" in out.err
@@ -281,7 +282,7 @@ def test_compare_papermill_smoke(tmp_path, capsys):
     assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))  # the curves
     assert [m["step"] for m in read_metrics(ok)] == [1, 2, 3, 4]
     assert (tmp_path / "mini" / "grpo" / "seed0" / "run_setting.ipynb").exists()  # the failed one is kept too
-    assert "| running_mean | 1 |" in out.out and "| grpo | 0 |" in out.out
+    assert "| running_mean | 1 |" in out.out and "| grpo | 1 |" in out.out  # grpo: the 2 steps it had before
     assert (tmp_path / "mini" / "summary.md").exists()
 
 
