@@ -59,7 +59,13 @@ def gae_advantages(
     gamma:float=1.0, # discount
     lam:float|torch.Tensor=1.0, # GAE lambda, float or [B]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Skip-obs GAE advantages and lambda-returns from critic values."
+    """Critic advantages: `skip_obs_gae` with each row's outcome reward r on its last action token.
+
+    A_t = sum_{l>=0} (gamma * lambda)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t over action tokens: GAE
+    (arXiv:1506.02438, eq. 16) as SAO (arXiv:2607.07508, eq. 4-5) runs it. `values` = V (required), `lam` = lambda:
+    the trainer passes lambda_policy (a float, or VAPO's length-adaptive `adaptive_lambda`) for the advantages and
+    lambda_critic (1, Monte-Carlo, in SAO and VAPO) for the critic's targets. returns = A + V (the lambda-returns).
+    Shapes: rewards [B], loss_mask, values [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     if values is None:
         raise ValueError("the 'gae' estimator needs critic `values` [B, T]; use a setting with a critic "
@@ -79,8 +85,12 @@ def group_normalize(
     rewards:torch.Tensor, # [B] float outcome reward per sequence, B a multiple of group_size
     group_size:int, # G: contiguous samples per prompt (>= 2)
 ) -> torch.Tensor:
-    """GRPO's per-sequence advantage [B]: A_i = (r_i - mean_g) / std_g over B/G contiguous groups g (unbiased std),
-    0 in a group with std_g <= GRPO_STD_EPS (verl adds 1e-6, AReaL 1e-5 to the std instead)."""
+    """GRPO's outcome advantage: A_i = (r_i - mean_g(r)) / std_g(r) within each of the B/G contiguous groups g of G.
+
+    Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1 (outcome supervision). `group_size` = G (>= 2);
+    std_g is unbiased (n - 1). A group with std_g <= GRPO_STD_EPS (1e-6) carries no signal: A = 0 there, never NaN.
+    No epsilon is added to std_g (verl divides by std + 1e-6, AReaL by std + 1e-5; all agree for an ordinary spread).
+    Shapes: rewards [B], B a multiple of G -> advantages [B]."""
     check_shape("rewards", rewards, (None,))
     if group_size < 2:
         raise ValueError(f"grpo needs group_size >= 2 (got {group_size}); for one sample per prompt use "
@@ -98,7 +108,11 @@ def grpo_advantages(
     *,
     group_size:int=8, # G: contiguous samples per prompt
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "GRPO: (r - group mean) / group std on every action token."
+    """GRPO advantages: `group_normalize`'s A_i = (r_i - mean_g(r)) / std_g(r) on every action token of sequence i.
+
+    Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1, with our epsilon convention (A = 0 in a group
+    with std_g <= 1e-6). `group_size` = G, each group G contiguous rows; returns = r_i on every action token.
+    Shapes: rewards [B], loss_mask [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     a = group_normalize(r, group_size)
     return _on_tokens(a, loss_mask), _on_tokens(r, loss_mask)
@@ -109,13 +123,23 @@ def batch_norm_advantages(
     rewards:torch.Tensor, # [B] outcome reward per sequence
     loss_mask:torch.Tensor, # [B, T] bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Batch-normalized reward on every action token."
+    """Batch-normalized outcome reward: A_i = (r_i - mean(r)) / std(r) over the whole batch, on every action token of i.
+
+    GRPO's normalization (DeepSeekMath, arXiv:2402.03300, section 4.1) with the batch as the one group: the
+    `single_dis` setting's advantage (one sample per prompt, no group). std is unbiased; every A_i is 0 when
+    std <= 1e-6 or B = 1. returns = r_i on every action token.
+    Shapes: rewards [B], loss_mask [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     return _on_tokens(_normalize(r), loss_mask), _on_tokens(r, loss_mask)
 
 # %% ../nbs/12_advantages.ipynb #3872f39b
 class RunningMeanBaseline:
-    "Running mean of past rewards: exact (sum / count) or exponential (`decay`)."
+    """Reward baseline b for `running_mean_advantages`, REINFORCE's baseline (Williams 1992) kept across steps.
+
+    mode="exact": b = sum / count of every reward folded in so far; mode="ema": b <- decay * b + (1 - decay) *
+    mean(batch), started at the first batch's mean; b = 0 before any update. The baseline of the `running_mean` setting
+    SAO (arXiv:2607.07508) is compared with; it persists in checkpoints (`state_dict` / `load_state_dict`).
+    Shapes: `update` takes rewards [B]; `mean` is a float."""
     def __init__(self,
                  mode:str="exact", # "exact": mean of every past reward; "ema": exponential moving average
                  decay:float=0.99, # EMA decay (mode="ema")
@@ -170,7 +194,12 @@ def running_mean_advantages(
     *,
     baseline:RunningMeanBaseline|None=None, # the persistent baseline (required); updated in place after use
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "r - running mean of the rewards of earlier steps; then the baseline absorbs this batch."
+    """Running-mean advantage: A_i = r_i - b, b the `baseline`'s mean of the rewards of earlier steps only.
+
+    Then the baseline absorbs this batch (`RunningMeanBaseline.update`, in place), so no sample baselines itself.
+    The `running_mean` setting SAO (arXiv:2607.07508) is compared with: one sample per prompt, no critic, no DIS.
+    returns = r_i on every action token.
+    Shapes: rewards [B], loss_mask [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     if baseline is None:
         raise ValueError("the 'running_mean' estimator needs `baseline=RunningMeanBaseline()` that persists across steps")

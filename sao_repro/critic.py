@@ -23,7 +23,10 @@ def explained_variance(
     returns:torch.Tensor, # [B, T] targets
     loss_mask:torch.Tensor, # [B, T] bool
 ) -> float:
-    "1 - Var[R - V] / Var[R] over the mask (NaN when Var[R] = 0)."
+    """EV = 1 - Var[R - V] / Var[R] over the action tokens (population variances); NaN when Var[R] <= 1e-12.
+
+    The critic diagnostic CleanRL logs with PPO: 1 perfect, 0 no better than a constant, below 0 worse.
+    Shapes: values, returns, loss_mask [B, T] -> float."""
     check_shape("returns", returns, tuple(values.shape))
     check_mask("loss_mask", loss_mask, values)
     var_r = float(masked_var(returns.float(), loss_mask))
@@ -45,7 +48,9 @@ FREEZE_PATTERNS = {"none": (), "attention": (r"(?:^|\.)(?:self_attn|self_attenti
 def freeze_params(model:nn.Module, # the critic
                   freeze:str="none", # a key of FREEZE_PATTERNS
                  ) -> list[str]:
-    "Set `requires_grad=False` on the parameters `freeze` names; returns their names (an empty match raises)."
+    """Set `requires_grad=False` on the parameters `freeze` names; returns their names (an empty match raises).
+
+    "attention" freezes every attention projection: SAO's frozen-attention critic (arXiv:2607.07508, section 3.2)."""
     import re
     if freeze not in FREEZE_PATTERNS:
         raise ValueError(f"critic_freeze={freeze!r}: use one of {', '.join(FREEZE_PATTERNS)}")

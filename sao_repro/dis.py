@@ -109,7 +109,14 @@ def dis_mask(
     band:tuple[float, float], # (lo, hi) from `dis_band`
     level:str="token", # "token": per-token ratio; "sequence": geometric mean per sequence
 ) -> torch.Tensor:
-    "Bool `[B, T]`: True where a token is on the loss mask and its ratio lies in the band."
+    """DIS keep-mask k_t = m_t * 1[lo <= r_t <= hi], r_t = pi_theta / pi_rollout = exp(logp_t - behav_logp_t).
+
+    SAO (arXiv:2607.07508) eq. 1-3: f(r_t) = r_t where k_t = 1, 0 elsewhere. `logp` = log pi_theta (the proximal
+    policy's in `dis_decoupled`), `behav_logp` = log pi_rollout (mu), `loss_mask` = m_t, the action-token indicator,
+    `band` = (lo, hi) on r itself (`dis_band`; the reference repository's [0.3, 5.0], other ports' [1 - eps_low,
+    1 + eps_high] = [0.7, 6.0]). Compared in log space, bounds included; a non-finite log-ratio is dropped.
+    level="sequence": r is the row's geometric mean over its action tokens and the row is kept or dropped whole
+    (dropped if any of its log-ratios is non-finite). Shapes: logp, behav_logp, loss_mask [B, T] -> bool [B, T]."""
     lo, hi = _check_band(*band)
     if level not in DIS_LEVELS:
         raise ValueError(f"unknown DIS level {level!r}; use one of {', '.join(DIS_LEVELS)}")
@@ -128,7 +135,11 @@ def dis_split(
     band:tuple[float, float], # (lo, hi)
     level:str="token", # as in `dis_mask`
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Bool `[B, T]` masks `(below, above)`: the `dropped` tokens split by the side of the band they left by."
+    """The `dropped` tokens split by the side of the DIS band they left by: `(below, above)`, bool [B, T] each.
+
+    below: r_t < lo (level="sequence": the token's own r_t <= 1); above: the rest of `dropped`, a NaN ratio included.
+    The split behind `dis/masked_below_frac` and `dis/masked_above_frac` for SAO's band (arXiv:2607.07508, eq. 1-3).
+    Shapes: lr (= log r_t, from `log_ratio`), dropped [B, T]."""
     check_mask("dropped", dropped, lr)
     below = dropped & (lr < math.log(band[0]) if level == "token" else lr <= 0)
     return below, dropped & ~below

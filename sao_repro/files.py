@@ -6,13 +6,16 @@ Docs: https://sao-repro.github.io/sao-repro/files.html.md"""
 
 # %% ../nbs/07_files.ipynb #e7dd7dfa
 from __future__ import annotations
+import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['write_atomic', 'file_sha256', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs', 'OutputPathError',
+__all__ = ['TASK_PATHS_ENV', 'write_atomic', 'file_sha256', 'current_umask', 'apply_umask', 'task_paths', 'task_path',
+           'user_path', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs', 'OutputPathError',
            'check_output_dir', 'output_dir', 'drop_links']
 
 # %% ../nbs/07_files.ipynb #fea345e1
@@ -22,10 +25,8 @@ def write_atomic(path:str|Path, # destination
     "Write `data` to a temp file next to `path`, fsync, then rename over `path`."
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -45,6 +46,59 @@ def file_sha256(*paths:str|Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+# %% ../nbs/07_files.ipynb #3f5389ad
+def current_umask() -> int:
+    "This process's umask, read without changing it (Linux: /proc/self/status; elsewhere set and put back at once)."
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+def apply_umask(root:str|Path, # a folder, or a file
+                umask:int|None=None, # the umask whose modes it gets (None: this process's)
+               ) -> Path:
+    "Give `root` and everything below it the modes `mkdir` / `open` under `umask` make: folders 0o777, files 0o666 (0o777 when executable), less `umask`; links untouched."
+    umask = current_umask() if umask is None else umask
+    def fix(p):
+        st = os.lstat(p)
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111 else 0o666
+            os.chmod(p, full & ~umask)
+    root = Path(root)
+    fix(root)  # a folder first, so that what is below it can be listed (top-down walk)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            fix(os.path.join(dirpath, name))
+    return root
+
+# %% ../nbs/07_files.ipynb #cb2a9eaa
+TASK_PATHS_ENV = "SAO_REPRO_TASK_PATHS"
+
+def task_paths() -> dict[str, str]:
+    "The user's paths -> their stand-ins in this process (a Ray task's private folder, from `TASK_PATHS_ENV`); {} elsewhere."
+    raw = os.environ.get(TASK_PATHS_ENV)
+    return json.loads(raw) if raw else {}
+
+def _swap(p, pairs) -> Path:
+    p = Path(p)
+    for a, b in sorted(pairs, key=lambda ab: -len(ab[0])):  # the deepest mapped folder first
+        if p == Path(a) or p.is_relative_to(a):
+            return Path(b) / p.relative_to(a)
+    return p
+
+def task_path(p:str|Path) -> Path:
+    "Where the user's path `p` is in this process: its stand-in when `p` is (or lies below) a mapped path, else `p`."
+    return _swap(p, task_paths().items())
+
+def user_path(p:str|Path) -> Path:
+    "The user's path of `p` (the inverse of `task_path`): what a record names."
+    return _swap(p, [(b, a) for a, b in task_paths().items()])
 
 # %% ../nbs/07_files.ipynb #714afcaf
 def _exchange(a:Path, b:Path) -> bool:

@@ -34,7 +34,9 @@ def gae_reference(
     gamma:float=1.0, # discount
     lam:float|torch.Tensor=1.0, # GAE lambda, a float or a [B] tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Skip-obs GAE as a plain Python loop: `(advantages, returns)`, each [B, T]."
+    """`skip_obs_gae` as a plain loop (CleanRL's `lastgaelam`, `nextvalue`), its test oracle: the same equation, GAE
+    (arXiv:1506.02438, eq. 16) over action tokens only (SAO, arXiv:2607.07508, eq. 4-5).
+    Shapes: rewards, values, loss_mask [B, T] -> (advantages, returns) [B, T], 0 off the mask."""
     lam_t = _check_gae_inputs(rewards, values, loss_mask, lam)
     adv = torch.zeros_like(rewards)
     B, T = rewards.shape
@@ -101,7 +103,14 @@ def skip_obs_gae(
     gamma:float=1.0, # discount
     lam:float|torch.Tensor=1.0, # GAE lambda, a float or a [B] tensor (per-sequence lambda)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Vectorized skip-obs GAE: `(advantages, returns)`, each [B, T], 0 off the mask."
+    """Skip-obs GAE: A_t = sum_{l>=0} (gamma * lambda)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t; R = A + V.
+
+    Schulman et al. 2016 (arXiv:1506.02438) eq. 16 over action tokens only, as SAO (arXiv:2607.07508) eq. 4-5:
+    t, t+1, ... index a row's action tokens (`loss_mask`, the action-token indicator); observation tokens are skipped,
+    the bootstrap and the accumulator carried over them; V = 0 after the last action token. `rewards` = r, `values` =
+    V, `lam` = lambda, shared or one per row ([B], e.g. `adaptive_lambda`); R: lambda-returns (lambda = 1: MC).
+    Reverse linear scans, no loop over T; equal to `gae_reference`.
+    Shapes: rewards, values, loss_mask [B, T] -> (advantages, returns) [B, T], 0 off the mask."""
     lam_t = _check_gae_inputs(rewards, values, loss_mask, lam).to(rewards.device)
     c = (gamma * lam_t).clamp(min=1e-15)
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
@@ -166,7 +175,12 @@ def adaptive_lambda(
     lengths:torch.Tensor, # [B] number of action tokens per sequence
     alpha:float=1.5, # the paper's alpha
 ) -> torch.Tensor:
-    "Length-adaptive lambda = 1 - 1/(alpha * length), clipped to [0, 1] ([B] float)."
+    """Length-adaptive GAE lambda: lambda_b = clip(1 - 1 / (alpha * l_b), 0, 1), l_b the action-token count of row b.
+
+    VAPO (arXiv:2504.05118): lambda_policy = 1 - 1 / (alpha * l) with alpha = 1.5 for the policy's advantages, while
+    the critic's targets keep lambda_critic = 1; SAO's policy advantages may use it. `lengths` = l, `alpha` = alpha
+    (> 0). A length of at most 1 / alpha (0 included) gives lambda = 0.
+    Shapes: lengths [B] -> lambda [B] float32, for `skip_obs_gae(lam=...)`."""
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     lengths = torch.as_tensor(lengths, dtype=torch.float32)

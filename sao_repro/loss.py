@@ -93,21 +93,40 @@ class PolicyLossFn(Protocol):
 # %% ../nbs/13_loss.ipynb #cfbc82eb
 @register_policy_loss("ppo_clip")
 def ppo_clip(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
-    "Clipped surrogate on w = pi / pi_behave over every action token (`prox_logp` unused: None is fine)."
+    """PPO's clipped surrogate: l_t = -min(w_t A_t, clip(w_t, 1 - eps, 1 + eps_high) A_t), w_t = pi_theta / pi_old.
+
+    Schulman et al. 2017 (arXiv:1707.06347) eq. 7 with the rollout policy as pi_old: w_t = exp(logp_t - behav_logp_t),
+    `behav_logp` = log pi_rollout (mu), `cfg.eps_clip` = eps, `cfg.eps_clip_higher` = eps_high (default eps). No DIS:
+    `keep` = `loss_mask`, every action token; `clipped` marks the tokens where the clipped term is the larger loss
+    (no gradient there). `prox_logp` is unused (None is fine). Shapes: logp, behav_logp, advantages, loss_mask
+    [B, T] -> `PolicyLossResult` of [B, T] tensors, reduced by `policy_loss` (`agg_loss`)."""
     w = torch.exp(torch.where(loss_mask, logp - behav_logp, 0.0))
     loss_mat, clipped = _clipped_surrogate(w, advantages, cfg.eps_clip, cfg.eps_clip_higher)
     return PolicyLossResult(loss_mat, keep=loss_mask, clipped=clipped, dis_logp=logp)
 
 @register_policy_loss("dis_direct")
 def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
-    "-k w A: tokens whose ratio pi / pi_behave leaves the band are dropped; the rest keep their IS weight."
+    """DIS policy loss, direct form: l_t = -k_t w_t A_t, w_t = pi_theta / pi_rollout, k_t the keep-mask of `dis_mask`.
+
+    SAO (arXiv:2607.07508) eq. 1-3: L = -E[f(r) A log pi_theta] with f(r) = k r carrying no gradient; l_t has the same
+    gradient, -k_t w_t A_t grad log pi_theta. No PPO clip; a dropped token's ratio is never exponentiated. `logp` =
+    log pi_theta, `behav_logp` = log pi_rollout (mu), `cfg.band` = the trust band (None: every action token kept),
+    `cfg.level` as in `dis_mask`; `prox_logp` unused. Shapes: logp, behav_logp, advantages, loss_mask [B, T] ->
+    `PolicyLossResult` of [B, T] tensors (`keep` = k, `clipped` all False), reduced by `policy_loss`."""
     keep = _keep(logp, behav_logp, loss_mask, cfg)
     w = torch.exp(torch.where(keep, logp - behav_logp, 0.0))
     return PolicyLossResult(-w * advantages, keep=keep, clipped=torch.zeros_like(keep), dis_logp=logp)
 
 @register_policy_loss("dis_decoupled")
 def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
-    "-k (pi_prox / pi_behave) min(rho A, clip(rho) A), rho = pi / pi_prox, k on pi_prox / pi_behave."
+    """DIS loss, decoupled: l_t = -k_t (pi_prox / pi_rollout) min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps_high) A_t).
+
+    rho_t = pi_theta / pi_prox; k_t = `dis_mask` on pi_prox / pi_rollout. The decoupled PPO objective of Hilton et al.
+    2022 (arXiv:2110.00641) as AReaL (arXiv:2505.24298) uses it, SAO's band (arXiv:2607.07508, eq. 1-3) as its rejection
+    mask. `prox_logp` = log pi_prox (the policy before this step's updates; required, detached), `behav_logp` =
+    log pi_rollout (mu), `cfg.eps_clip` / `cfg.eps_clip_higher` = eps / eps_high. With one optimizer step per batch,
+    pi_prox = pi_theta and the gradient is `dis_direct`'s. Shapes: logp, prox_logp, behav_logp, advantages, loss_mask
+    [B, T] -> `PolicyLossResult` of [B, T] tensors (`dis_logp` = `prox_logp`), reduced by `policy_loss`."""
     keep = _keep(prox_logp, behav_logp, loss_mask, cfg)
     behav_w = torch.exp(torch.where(keep, prox_logp - behav_logp, 0.0))
     rho = torch.exp(torch.where(keep, logp - prox_logp, 0.0))
@@ -175,7 +194,13 @@ def value_loss(
     eps_clip:float|None=0.5, # value clip; None disables it
     agg:str="token-mean", # reduction, see `agg_loss`
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    "Clipped value loss and `critic/` metrics."
+    """Clipped value loss L = 1/2 agg_t max((V_t - R_t)^2, (Vc_t - R_t)^2), Vc = V_old + clip(V - V_old, -eps, eps).
+
+    PPO's clipped value loss as verl and AReaL (arXiv:2505.24298) compute it; SAO (arXiv:2607.07508) and VAPO
+    (arXiv:2504.05118) regress on lambda = 1 (Monte-Carlo) returns. `values` = V (with gradient), `old_values` = V_old,
+    `returns` = R, `eps_clip` = eps (None: 1/2 agg_t (V_t - R_t)^2), `agg_loss` over the `loss_mask` tokens (token-mean:
+    over all action tokens). Shapes: values, old_values, returns, loss_mask [B, T] -> (scalar loss, metrics
+    {"critic/value_loss", "critic/clip_frac"}); clip_frac: share of action tokens whose clipped error is larger."""
     check_shape("values", values, (None, None))
     for name, t in (("old_values", old_values), ("returns", returns)):
         check_shape(name, t, tuple(values.shape))

@@ -11,6 +11,7 @@ import json
 import os
 import math
 import re
+import signal
 import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,10 +20,12 @@ from pathlib import Path
 from .files import write_atomic
 
 # %% auto #0
-__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'LOCK_FILE', 'COUNT_PAIRS', 'AREAL_MAP', 'NAMESPACED_RE',
-           'utf8_name', 'valid_step', 'loads_record', 'parse_record', 'repair_lines', 'event_line_ok', 'log_event',
-           'RunFolderBusy', 'lock_run_dir', 'event_time', 'read_events', 'to_float', 'flatten', 'online_accuracy',
-           'graded_count', 'add_derived', 'areal_to_metrics']
+__all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'LOCK_FILE', 'NAN_EVENT', 'OOM_EVENT', 'CRASH_EVENT',
+           'ENDING_EVENTS', 'OOM_TYPES', 'CPU_OOM_RE', 'TRAIN_NONFINITE_RE', 'COUNT_PAIRS', 'AREAL_MAP',
+           'NAMESPACED_RE', 'utf8_name', 'valid_step', 'loads_record', 'parse_record', 'repair_lines', 'event_line_ok',
+           'log_event', 'RunFolderBusy', 'lock_run_dir', 'event_time', 'read_events', 'is_oom', 'oom_error_text',
+           'log_failure', 'nonfinite_keys', 'note_exit', 'to_float', 'flatten', 'online_accuracy', 'graded_count',
+           'add_derived', 'areal_to_metrics']
 
 # %% ../nbs/02_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
@@ -197,6 +200,81 @@ def read_events(run_dir:str|Path) -> list[dict]:
         except ValueError:
             continue
     return out
+
+# %% ../nbs/02_runlog.ipynb #b34ab9e2
+NAN_EVENT = "nan"  # a non-finite loss or gradient norm at a step
+OOM_EVENT = "oom"  # out of memory ended the run
+CRASH_EVENT = "error"  # another exception, or a signal, ended the run
+ENDING_EVENTS = ("finish", "interrupted", "disk_full", OOM_EVENT, CRASH_EVENT)  # the run said why it ended
+OOM_TYPES = ("OutOfMemoryError", "MemoryError")
+CPU_OOM_RE = re.compile(r"\[enforce fail at alloc_cpu\.cpp:\d+\].*DefaultCPUAllocator: can't allocate memory", re.DOTALL)
+TRAIN_NONFINITE_RE = re.compile(r"^(?:actor|critic)/[\w.\-]*(?:loss|grad_norm)[\w.\-]*$")
+
+def is_oom(e:BaseException|None) -> bool:
+    "`e`, or an exception it was raised from or while handling, is out of memory (by class, or torch's CPU allocator)."
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(c.__name__ in OOM_TYPES for c in type(e).__mro__):
+            return True
+        if isinstance(e, RuntimeError) and CPU_OOM_RE.match(str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+def oom_error_text(error:str) -> bool:
+    "An `error` event's text (`Type: message` or `Type('message')`) names an out-of-memory exception class."
+    m = re.match(r"\s*([A-Za-z_][\w.]*)\s*(?:[:(]\s*['\"]?|$)", str(error))
+    if not m:
+        return False
+    name = m.group(1).rsplit(".", 1)[-1]
+    return name in OOM_TYPES or (name == "RuntimeError" and bool(CPU_OOM_RE.match(str(error)[m.end():])))
+
+def log_failure(run_dir:str|Path, # the run folder
+                e:BaseException, # the exception that ended the run
+                **details, # more details, e.g. the step
+               ) -> str|None:
+    "Log the exception that ended a run: an `oom` event when `is_oom(e)`, else `error`; with its class and message."
+    return log_event(run_dir, OOM_EVENT if is_oom(e) else CRASH_EVENT, **details, type=type(e).__name__,
+                     error=f"{type(e).__name__}: {e}"[:300])
+
+# %% ../nbs/02_runlog.ipynb #9a80b677
+def nonfinite_keys(values:dict, # one step's metrics
+                   pattern=TRAIN_NONFINITE_RE, # the keys watched (default: losses and gradient norms)
+                  ) -> list[str]:
+    "The keys of `values` under `pattern` whose value is a number that is not finite (NaN, inf) or null."
+    out = []
+    for k, v in values.items():
+        if isinstance(v, bool) or not pattern.search(k):
+            continue
+        try:
+            x = math.nan if v is None else float(v)
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(x):
+            out.append(k)
+    return out
+
+def _signal_name(returncode:int) -> str|None:
+    "The signal that ended a process: a negative code (subprocess), or a shell's 128 + N."
+    n = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 128 + 65 else None
+    try:
+        return None if n is None else signal.Signals(n).name
+    except ValueError:
+        return None
+
+def note_exit(run_dir:str|Path, # the run folder of the process that ended
+              returncode:int|None, # its exit code (negative: killed by that signal)
+              by:str, # who noticed: launch, rehearse
+             ) -> str|None:
+    "After a run's process ended badly without an ending event, log an `error` event with its exit code or signal."
+    if not returncode or not run_dir or not (Path(run_dir) / EVENTS_FILE).is_file():
+        return None
+    ev = read_events(run_dir)
+    if ev and ev[-1]["event"] in ENDING_EVENTS:
+        return None
+    sig = _signal_name(returncode)
+    return log_event(run_dir, CRASH_EVENT, returncode=returncode, **({"signal": sig} if sig else {}), by=by)
 
 # %% ../nbs/02_runlog.ipynb #21e0fefd
 def to_float(v) -> float|None:

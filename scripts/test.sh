@@ -12,4 +12,6 @@ if ! command -v nbdev-test >/dev/null 2>&1; then
   fi
 fi
 nbdev-test --n-workers 2
-python -m pytest -q --durations=25 "$@"
+# two pytest workers, each test file kept on one worker (its module fixtures are built once); SAO_TEST_WORKERS=0 runs
+# everything in this process (what a debugger or `-x` wants)
+python -m pytest -q -n "${SAO_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

@@ -673,7 +673,8 @@ def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeyp
     ck = tmp_path / "ck" / "epoch1epochstep3globalstep12"
     _tiny_critic(0).save_pretrained(ck)
     run = tmp_path / "run"
-    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}")
+    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}",
+               f"cluster.fileroot={tmp_path / 'areal'}")  # AReaL's log folders go there, not under the working folder
     monkeypatch.setattr(cli_args, "save_config", lambda *a, **k: None)  # AReaL's own copy goes under its fileroot
     T._start_run(cfg, str(run))
     c = json.loads((run / "config.json").read_text())
@@ -793,3 +794,18 @@ def test_actor_logs_mismatch_and_lag_every_step():
             assert got["mismatch/k3_kl"] == 0.0 and got["mismatch/k3_kl_all"] > 0.0
         else:
             assert "mismatch/k3_kl" not in got and "mismatch/k3_kl_all" not in got
+
+
+def test_areal_trainer_writes_a_nan_event_and_an_inf_critic_grad_norm_is_over_the_clip(tmp_path):
+    "A step whose critic grad norm is inf: a `nan` event naming the key, and three in a row set critic_starved."
+    from sao_repro.areal.trainer import append_metrics
+    from sao_repro.metrics import scan_runs
+    from sao_repro.runlog import read_events
+    d = tmp_path / "areal" / "sao" / "seed1"
+    for s in range(1, 6):
+        append_metrics(str(d), s, {"ppo_critic/update/grad_norm": math.inf if s >= 3 else 0.5,
+                                   "ppo_critic/update/critic/grad_clip": 1.0, "ppo_actor/update/actor_loss/avg": 0.1})
+    ev = read_events(d)
+    assert [(e["event"], e["details"]) for e in ev] == [("nan", {"step": s, "keys": ["critic/grad_norm"]}) for s in (3, 4, 5)]
+    info = scan_runs(tmp_path)[0]
+    assert info["flags"]["nan"] and info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 5

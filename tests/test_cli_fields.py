@@ -45,6 +45,21 @@ def other_value(name: str):
     return default + 1 if type(default) is int else default + 0.5
 
 
+@pytest.fixture(scope="module")
+def critic_file(tmp_path_factory):
+    "A `critic_init` that loads into a run of `cfg`: a critic state_dict of its shapes (the run reads it before it starts)."
+    import torch
+    from sao_repro.mini.critic_init import critic_model
+    from sao_repro.mini.model import PolicyModel
+    root = tmp_path_factory.mktemp("critics").resolve()
+
+    def make(cfg: MiniRunConfig) -> str:
+        p = root / f"critic{len(list(root.iterdir()))}.pt"
+        torch.save(critic_model(cfg, PolicyModel(cfg.model()), 0.0).state_dict(), p)
+        return str(p)
+    return make
+
+
 @pytest.fixture
 def captured(monkeypatch):
     "Run `sao-repro run` up to the config it would train (or the cluster launch it would make), without training."
@@ -56,8 +71,8 @@ def captured(monkeypatch):
 
 
 @pytest.mark.parametrize("name", FIELDS)
-def test_every_field_reaches_sao_repro_run(name, captured):
-    value = other_value(name)
+def test_every_field_reaches_sao_repro_run(name, captured, critic_file):
+    value = critic_file(MiniRunConfig()) if name == "critic_init" else other_value(name)
     assert value != getattr(MiniRunConfig(), name)
     argv = ["run", *(["--setting", "sao"] if name != "setting" else []), flag(name), str(value)]
     assert main(argv) == 0
@@ -142,10 +157,11 @@ def test_bad_choice_exit_code_of_the_command():
     assert "--lag-mode" in p.stderr and "'fixed'" in p.stderr and "'random'" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_the_reports_run_command_reproduces_the_config(captured):
+def test_the_reports_run_command_reproduces_the_config(captured, critic_file):
     "The `sao-repro run` line the report prints for a run folder parses back to that run's config."
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
     from sao_repro.report.text import run_command
-    cfg = MiniRunConfig(**{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads")})
+    cfg = MiniRunConfig(**{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads", "critic_init")})
+    cfg = replace(cfg, critic_init=critic_file(cfg))
     assert main(shlex.split(run_command(asdict(cfg)))[1:]) == 0
     assert asdict(captured["config"]) == asdict(cfg)

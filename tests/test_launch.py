@@ -207,6 +207,31 @@ def test_compare_runs_all_five_skips_finished_and_summarises(tmp_path, monkeypat
     assert "summary" in out.getvalue() and "skipped" in out.getvalue()
 
 
+def test_a_trainer_killed_without_a_word_is_recorded_as_a_crash(tmp_path, monkeypatch):
+    "A trainer ended by SIGKILL (e.g. the kernel's OOM killer) writes no event: launch records it, the run is crashed."
+    from sao_repro.metrics import run_flags
+    from sao_repro.runlog import log_event, read_events
+    for v in ("SAO_WS", "MODEL_ROOT", "REWARD_ROOT"):
+        monkeypatch.setenv(v, str(tmp_path / v))
+    d = tmp_path / "runs" / "areal" / "grpo" / "seed2"
+
+    class Killed(Recorder):
+        def __call__(self, cmd, **kw):
+            if "sao_repro.areal.train" in cmd:
+                self.calls.append(list(cmd))
+                log_event(d, "start", setting="grpo")  # the trainer made its run folder, then was killed
+                return subprocess.CompletedProcess(cmd, -9, "", "")
+            return super().__call__(cmd, **kw)
+
+    r = launch_setting("grpo", seed=2, out_dir=tmp_path / "runs", run=Killed(), out=io.StringIO())
+    assert r["status"] == "failed" and r["run_dir"] == str(d)
+    ev = read_events(d)
+    assert [e["event"] for e in ev] == ["start", "error"]
+    assert ev[-1]["details"] == {"returncode": -9, "signal": "SIGKILL", "by": "launch"}
+    f = run_flags(d)
+    assert f["crashed"] and not f["oom"]
+
+
 def test_launch_setting_for_the_experiment_notebook(tmp_path):
     rec, out = Recorder(), io.StringIO()
     r = launch_setting("running_mean", seed=2, steps=50, out_dir=tmp_path, dry_run=True, run=rec, out=out)

@@ -255,19 +255,49 @@ def test_healthy_run_has_no_flags(tmp_path):
     assert f["reward_timeout_rate"] is None
 
 
-@pytest.mark.parametrize("line", [
+OOM_WORDS = [
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.15 GiB total capacity)",
     "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
     "[12345.678] Out of memory: Killed process 4242 (python) total-vm:123kB",
     "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=123.0. Some of your processes may have been killed",
     "Killed",
     "MemoryError",
+]
+
+
+@pytest.mark.parametrize("details", [
+    {"type": "OutOfMemoryError", "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"},
+    {"type": "MemoryError", "error": "MemoryError: ", "step": 4},
+    {"type": "OutOfMemoryError", "error": "OutOfMemoryError: Task was killed due to the node running low on memory."},
 ])
-def test_oom_flag(tmp_path, line):
+def test_oom_flag_from_the_oom_event(tmp_path, details):
+    d = healthy(tmp_path)
+    with open(d / "events.log", "a") as f:
+        f.write(f"2026-11-29T16:01:00+00:00\toom\t{json.dumps(details)}\n")
+    f = flags_of(tmp_path)["mini/sao/seed0"]
+    assert f["oom"] and f["crashed"] and not f["nan"]
+
+
+@pytest.mark.parametrize("error", [  # run folders written before the oom event: the exception's class, not its words
+    "OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",  # the AReaL backend: repr(e)
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",  # the testbed: Type: message
+    "MemoryError()",
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: 8 bytes",
+])
+def test_oom_flag_from_an_old_error_event(tmp_path, error):
+    d = healthy(tmp_path)
+    with open(d / "events.log", "a") as f:
+        f.write(f"2026-11-29T16:01:00\terror\t{json.dumps({'error': error})}\n")
+    f = flags_of(tmp_path)["mini/sao/seed0"]
+    assert f["oom"] and f["crashed"]
+
+
+@pytest.mark.parametrize("line", OOM_WORDS)
+def test_oom_words_in_a_log_set_no_flag(tmp_path, line):
     d = healthy(tmp_path)
     (d / "stderr.log").write_text(f"step 4 ok\n{line}\n")
     f = flags_of(tmp_path)["mini/sao/seed0"]
-    assert f["oom"] and not f["nan"]
+    assert not f["oom"] and not f["nan"] and not f["crashed"]
 
 
 def test_no_false_oom(tmp_path):
@@ -276,20 +306,20 @@ def test_no_false_oom(tmp_path):
     assert not flags_of(tmp_path)["mini/sao/seed0"]["oom"]
 
 
-def test_nan_flag_three_ways(tmp_path):
+def test_nan_flag_from_metrics_and_events_not_words(tmp_path):
     a = healthy(tmp_path, "sao")
     with open(a / "metrics.jsonl", "ab") as f:
         f.write(b'{"step": 9, "actor/loss": NaN}\n')
     b = healthy(tmp_path, "grpo")
     events(b, "nan")
     c = healthy(tmp_path, "grpo_dis")
-    (c / "train.log").write_text("step 3\nWARNING: NaN detected in advantages, skipping batch\nstep 4\n")
+    (c / "train.log").write_text("step 3\nWARNING: NaN detected in advantages, skipping batch\nstep 4\n")  # words only
     d = healthy(tmp_path, "single_dis")
     with open(d / "metrics.jsonl", "ab") as f:               # NaN in a metric that may be NaN: not a flag
         f.write(b'{"step": 9, "critic/explained_var": NaN, "eval/acc": NaN}\n')
     f = flags_of(tmp_path)
-    assert f["mini/sao/seed0"]["nan"] and f["mini/grpo/seed0"]["nan"] and f["mini/grpo_dis/seed0"]["nan"]
-    assert not f["mini/single_dis/seed0"]["nan"]
+    assert f["mini/sao/seed0"]["nan"] and f["mini/grpo/seed0"]["nan"]
+    assert not f["mini/grpo_dis/seed0"]["nan"] and not f["mini/single_dis/seed0"]["nan"]
 
 
 def test_finished_and_stalled(tmp_path):
@@ -306,15 +336,13 @@ def test_finished_and_stalled(tmp_path):
     assert f["finished"] and not f["stalled"] and not f["crashed"]
 
 
-def test_crashed_only_when_the_traceback_is_at_the_end(tmp_path):
+def test_a_traceback_in_a_log_is_no_crash(tmp_path):
     d = healthy(tmp_path)
     tb = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\nRuntimeError: boom\n'
-    (d / "train.log").write_text("step 1\n" + tb + "step 2\nstep 3\n")     # handled, training went on
+    (d / "train.log").write_text("step 1\nstep 2\n" + tb)  # at the end of the log: still only words
     assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
-    (d / "train.log").write_text("step 1\nstep 2\n" + tb)
+    events(d, "error")  # the run recorded that an exception ended it
     assert flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
-    (d / "train.log").write_text("step 1\n" + tb + "".join(f"worker chatter {i}\n" for i in range(80)))
-    assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
 
 
 def test_null_is_a_nan_value(tmp_path):
@@ -334,6 +362,50 @@ def test_crashed_by_error_event_unless_finished(tmp_path):
     assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
     events(d, "finish")
     assert flags_of(tmp_path)["mini/sao/seed0"]["finished"]
+
+
+WORDS = "CUDA out of memory; torch.OutOfMemoryError; loss is nan, NaN detected; Traceback (most recent call last):"
+
+
+def test_words_in_samples_prompts_and_logs_set_no_failure_flag(tmp_path):
+    "A prompt or a completion that says out of memory, NaN or Traceback is text, not an event: no oom / nan / crashed."
+    d = healthy(tmp_path)
+    with open(d / "metrics.jsonl", "ab") as f:  # text fields beside the numbers (skipped as non-numeric)
+        f.write(jl(step=5, acc=0.5, prompt=WORDS, **{"rollout/sample": WORDS, "actor/loss": 0.1}))
+    with open(d / "events.log", "a") as f:  # events that carry the words in their details
+        f.write(f"2026-11-29T16:01:00\tcheckpoint\t{json.dumps({'path': 'x', 'note': WORDS})}\n")
+        f.write(f"2026-11-29T16:01:01\tsample\t{json.dumps({'prompt': WORDS, 'completion': WORDS})}\n")
+    tb = "\n".join(["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of memory",
+                    "RuntimeError: loss is nan", "Killed"])
+    (d / "samples.txt").write_text(f"prompt: {WORDS}\ncompletion: NaN NaN nan inf detected\n")
+    (d / "stdout.log").write_text(f"step 5 sample: {WORDS}\n{tb}\n")
+    (d / "main.log").write_text(  # AReaL's own logger printing a sample: an ERROR-level line is still words
+        f"(AReaL) 20261129-16:00:00.000 RLVRWorkflow ERROR: {WORDS}\n(AReaL) 20261129-16:00:01.000 RLVRWorkflow INFO: "
+        "sample says Training completes!\n" + tb + "\n")
+    info = scan_runs(tmp_path)[0]
+    assert not any(info["flags"][k] for k in ("oom", "nan", "crashed", "finished")), info["flags"]
+    assert info["messages"] == []
+
+
+def test_an_error_event_names_oom_by_class_not_by_message(tmp_path):
+    d = healthy(tmp_path)
+    with open(d / "events.log", "a") as f:
+        f.write(f"2026-11-29T16:01:00\terror\t{json.dumps({'error': 'ValueError: bad answer ' + repr(WORDS)})}\n")
+    f = flags_of(tmp_path)["mini/sao/seed0"]
+    assert f["crashed"] and not f["oom"] and not f["nan"]
+
+
+@pytest.mark.parametrize("bad", ["Infinity", "null", "NaN"])
+def test_infinite_critic_grad_norm_is_over_the_clip(tmp_path, bad):
+    "An inf (or NaN, or null as the testbed writes them) critic grad norm counts as over the clip: critic_starved."
+    d = run_dir(tmp_path, "sao")
+    rows = [f'{{"step": {s}, "acc": 0.5, "critic/grad_clip": 1.0, "critic/grad_norm": {bad if s >= 10 else 0.5}}}\n'
+            for s in range(1, 16)]
+    (d / "metrics.jsonl").write_text("".join(rows))
+    info = scan_runs(tmp_path)[0]
+    assert info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 12
+    d.joinpath("metrics.jsonl").write_text("".join(r.replace(f": {bad}}}", ": 0.5}") for r in rows))
+    assert not scan_runs(tmp_path)[0]["flags"]["critic_starved"]  # the same run, finite: no flag
 
 
 def test_reward_timeout_rate(tmp_path):

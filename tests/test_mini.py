@@ -1,5 +1,6 @@
 """CPU testbed (sao_repro.mini): task, smoke runs of every setting, exact resume, NaN stop, papermill, CLI errors."""
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,9 @@ import torch
 
 from sao_repro.settings import list_settings
 from sao_repro.mini.task import TaskConfig, answer_reward, eval_problems, sample_problems
-from sao_repro.mini.train import NonFiniteError, checkpoints, read_metrics, train_run
+from sao_repro.mini.train import MiniTrainer, NonFiniteError, checkpoints, read_metrics, train_run
+from sao_repro.metrics import run_flags
+from sao_repro.runlog import read_events
 from sao_repro.mini.cli import compare_main, make_config, run_main, run_setting
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
@@ -146,6 +149,53 @@ def test_cli_nan_exit_code_and_resume(tmp_path, capsys):
     assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
 
 
+# ---------------------------------------------------------------- failure events: what the health flags read
+def test_testbed_nan_stop_writes_the_event_the_nan_flag_reads(tmp_path):
+    cfg = smoke_cfg("grpo", tmp_path, steps=3, debug_nan_step=2)
+    with pytest.raises(NonFiniteError):
+        train_run(cfg, log=None)
+    d = cfg.run_dir()
+    assert [m["step"] for m in read_metrics(d)] == [1]
+    assert all(math.isfinite(v) for m in read_metrics(d) for v in m.values() if isinstance(v, float))  # no NaN written
+    assert read_events(d)[-1]["event"] == "nan"
+    f = run_flags(d)
+    assert f["nan"] and not f["oom"] and not f["crashed"]  # from the event alone
+
+
+def _cpu_alloc_failure():
+    torch.empty(2**50)  # torch's CPU allocator refuses: a plain RuntimeError
+
+
+def _cuda_oom():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def _memory_error():
+    raise MemoryError()
+
+
+def _words():
+    raise RuntimeError("the prompt said: CUDA out of memory, NaN, Traceback (most recent call last):")
+
+
+@pytest.mark.parametrize("fail, oom", [(_cuda_oom, True), (_memory_error, True), (_cpu_alloc_failure, True), (_words, False)])
+def test_testbed_failure_at_a_step_writes_the_event_the_flags_read(tmp_path, monkeypatch, fail, oom):
+    "Out of memory at a step ends the run with an `oom` event; any other exception with `error`: both are `crashed`."
+    real = MiniTrainer.train_step
+    def step(self):
+        if self.step == 1:
+            fail()
+        return real(self)
+    monkeypatch.setattr(MiniTrainer, "train_step", step)
+    cfg = smoke_cfg("grpo", tmp_path, steps=3)
+    with pytest.raises((MemoryError, RuntimeError)):
+        train_run(cfg, log=None)
+    ev = read_events(cfg.run_dir())[-1]
+    assert (ev["event"], ev["details"]["step"]) == ("oom" if oom else "error", 2)
+    f = run_flags(cfg.run_dir())
+    assert f["crashed"] and f["oom"] == oom and not f["nan"]
+
+
 # ---------------------------------------------------------------- CLI errors
 @pytest.mark.parametrize("argv", [["--setting", "ppo"], ["--setting", "sao", "--backend", "gpu"]])
 def test_run_unknown_names_list_valid_ones(argv, capsys):
@@ -218,9 +268,10 @@ def test_areal_backend_goes_through_the_launcher(tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------- papermill
 def test_compare_papermill_smoke(tmp_path, capsys):
     "compare executes run_setting.ipynb per run, keeps it, goes on after a failure and prints the summary."
-    # 12 trajectories per step is not a multiple of grpo's group size 8: that run fails, running_mean goes on
+    # grpo's folder holds a partial run with another lag: its resume refuses the change, running_mean goes on
+    run_setting("grpo", 0, 2, out_dir=str(tmp_path), smoke=True, overrides={"lag": 0}, log=None)
     rc = compare_main(["--settings", "grpo", "running_mean", "--seeds", "1", "--smoke", "--out", str(tmp_path),
-                       "--traj-per-step", "12", "--jobs", "2"])
+                       "--jobs", "2"])
     out = capsys.readouterr()
     assert rc == 1
     assert "failed: grpo seed0" in out.err
@@ -231,7 +282,7 @@ def test_compare_papermill_smoke(tmp_path, capsys):
     assert any(o.get("output_type") == "display_data" for c in nb["cells"] for o in c.get("outputs", []))  # the curves
     assert [m["step"] for m in read_metrics(ok)] == [1, 2, 3, 4]
     assert (tmp_path / "mini" / "grpo" / "seed0" / "run_setting.ipynb").exists()  # the failed one is kept too
-    assert "| running_mean | 1 |" in out.out and "| grpo | 0 |" in out.out
+    assert "| running_mean | 1 |" in out.out and "| grpo | 1 |" in out.out  # grpo: the 2 steps it had before
     assert (tmp_path / "mini" / "summary.md").exists()
 
 

@@ -251,3 +251,38 @@ def test_a_ray_address_nothing_answers_at_is_refused_before_any_run(tmp_path, ca
     err = capsys.readouterr().err
     assert f"no Ray cluster answers at {dead}" in err and "ray start --head" in err and time.time() - t0 < 30
     assert not (tmp_path / "o" / "sweeps" / "d" / "base").exists()
+
+
+@pytest.mark.slow
+def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_path, monkeypatch):
+    "A sweep whose critic_init is relative to the folder it runs in (as chain_critic_warm.yaml writes it), run locally "
+    "and under `--ray local`: the same runs (metrics, critic source), config.json names the user's out and critic, and "
+    "the run folders have the same modes."
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("ray")
+    monkeypatch.chdir(tmp_path)
+    run_setting("sao", 0, 2, out_dir="first", overrides=SMOKE, log=None)  # the earlier run, named relative to this folder
+    sweep = {"name": "warm", "settings": ["sao"], "seeds": 2, "steps": 4, "window": 2, "base": SMOKE,
+             "grid": {"critic_init": [None, "first/mini/sao/seed0"]}}
+    Path("warm.yaml").write_text(yaml.safe_dump(sweep))
+    assert sweep_main(["warm.yaml", "--out", "local", "--jobs", "2"]) == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "sweep", "warm.yaml", "--out", "ray", "--ray", "local"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    src = str(tmp_path / "first" / "mini" / "sao" / "seed0")
+    for label, init in (("critic_init=None", None), ("critic_init=first_mini_sao_seed0", src)):
+        for k in (0, 1):
+            d, ref = (tmp_path / x / "sweeps" / "warm" / label / "mini" / "sao" / f"seed{k}" for x in ("ray", "local"))
+            assert strip_perf(read_metrics(d)) == strip_perf(read_metrics(ref)) and len(read_metrics(d)) == 4
+            conf, want = (json.loads((x / "config.json").read_text()) for x in (d, ref))
+            assert (conf["critic_init"], want["critic_init"]) == (init, init)
+            assert conf["critic_source"] == want["critic_source"] and (init is None) == (conf["critic_source"] is None)
+            assert conf["out"] == str(tmp_path / "ray" / "sweeps" / "warm" / label)  # the user's, not the task's folder
+            modes = {x: {p.relative_to(x).as_posix(): p.stat().st_mode & 0o777 for p in [x, *x.rglob("*")]} for x in (d, ref)}
+            assert {p: m for p, m in modes[d].items() if p != ATTEMPTS_FILE} == modes[ref]
+            assert modes[d][ATTEMPTS_FILE] == modes[ref]["events.log"]
+    res, want = (json.loads((tmp_path / x / "sweeps" / "warm" / "results.json").read_text()) for x in ("ray", "local"))
+    assert res["points"] == want["points"]

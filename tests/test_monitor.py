@@ -310,3 +310,110 @@ def test_starved_critic_flag_served_and_listed_by_the_page(tmp_path, monkeypatch
     listed = re.search(r"const FLAGS = \[(.*?)\];", JS, re.S).group(1)
     for f in SAO_FLAGS:
         assert f'"{f}"' in listed and f".flag-{f}" in CSS, f
+
+
+# ---------------------------------------------------------------- what its user may read
+def read_as_served(root) -> dict:
+    "What the monitor of `root` lists and serves to this process's user: its data layer and its HTTP API."
+    from sao_repro.monitor.data import MonitorState
+    st = MonitorState(root, refresh_s=0.0)
+    runs = ("open/mini/sao/seed0", "private/mini/sao/seed0", "closed/mini/sao/seed0", "shut/mini/sao/seed0")
+    out = {"uid": os.geteuid(), "state": [r["run"] for r in st.runs()], "files": {r["run"]: r["files"] for r in st.runs()},
+           "metrics": {run: st.metrics(run) is not None for run in runs}}
+    srv = serve_in_thread(root, port=0, refresh_s=0.0)
+    try:
+        code, body, _ = request(srv, "/api/runs")
+        out["api_runs"] = [code, [r["run"] for r in json.loads(body)]]
+        out["api_metrics"] = {run: request(srv, f"/api/metrics?run={run}")[0] for run in runs}
+        out["api_files"] = {p: request(srv, f"/files/{p}")[0] for p in (
+            "open/mini/sao/seed0/metrics.jsonl", "open/mini/sao/seed0/train.log", "private/mini/sao/seed0/metrics.jsonl",
+            "shut/mini/sao/seed0/events.log")}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return out
+
+
+def as_other_user(fn, *args) -> dict:
+    "`fn(*args)` in a child process of user nobody when this one is root (root's override would read anything), else here."
+    if os.geteuid() != 0:
+        return fn(*args)
+    r, w = os.pipe()
+    pid = os.fork()  # not exec: the interpreter lives in root's folder, which nobody may enter
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            res = json.dumps({"ok": fn(*args)})
+        except BaseException as e:  # noqa: BLE001 -- reported to the parent
+            res = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        os.write(w, res.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        res = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert "ok" in res, res
+    return res["ok"]
+
+
+def closed_tree():
+    "Runs served to another user: one open, one 0700, one 000, one below a 0700 folder, and a 0600 file in the open one."
+    import tempfile
+    root = Path(tempfile.mkdtemp(prefix="sao-monitor-", dir="/tmp"))  # not under pytest's 0700 folder
+    root.chmod(0o755)
+    for name in ("open", "private", "closed", "shut"):
+        d = write_run(root / name, "sao", 0)
+        for p in [d, *d.parents]:
+            if p == root:
+                break
+            p.chmod(0o755)
+        for f in d.iterdir():
+            f.chmod(0o644)
+    (root / "open" / "mini" / "sao" / "seed0" / "train.log").write_text("secret\n")
+    (root / "open" / "mini" / "sao" / "seed0" / "train.log").chmod(0o600)
+    (root / "private" / "mini" / "sao" / "seed0").chmod(0o700)
+    (root / "closed" / "mini" / "sao" / "seed0").chmod(0o000)
+    (root / "shut").chmod(0o700)
+    return root
+
+
+def test_the_monitor_serves_only_what_its_user_may_read():
+    "Run by another user (nobody, when the tests run as root): the closed runs and the closed file are neither listed nor served."
+    import shutil
+    root = closed_tree()
+    read_as_served(root)  # imports everything the child needs before it gives up root
+    try:
+        out = as_other_user(read_as_served, root)
+    finally:
+        for d in ("private/mini/sao/seed0", "closed/mini/sao/seed0", "shut"):
+            (root / d).chmod(0o755)
+        shutil.rmtree(root)
+    assert out["uid"] != 0
+    assert out["state"] == ["open/mini/sao/seed0"] and out["api_runs"] == [200, ["open/mini/sao/seed0"]]
+    assert out["files"]["open/mini/sao/seed0"] == ["open/mini/sao/seed0/events.log", "open/mini/sao/seed0/metrics.jsonl"]
+    assert out["metrics"] == {"open/mini/sao/seed0": True, "private/mini/sao/seed0": False,
+                              "closed/mini/sao/seed0": False, "shut/mini/sao/seed0": False}
+    assert out["api_metrics"] == {"open/mini/sao/seed0": 200, "private/mini/sao/seed0": 404,
+                                  "closed/mini/sao/seed0": 404, "shut/mini/sao/seed0": 404}
+    assert out["api_files"] == {"open/mini/sao/seed0/metrics.jsonl": 200, "open/mini/sao/seed0/train.log": 404,
+                                "private/mini/sao/seed0/metrics.jsonl": 404, "shut/mini/sao/seed0/events.log": 404}
+
+
+def test_a_root_monitor_serves_no_run_closed_by_its_mode(tmp_path):
+    "Started as root, whose override could read anything, the monitor still follows the mode bits: a 000 run is not served."
+    from sao_repro.monitor.data import MonitorState
+    a, b = write_run(tmp_path / "runs", "sao", 0), write_run(tmp_path / "runs", "grpo", 1)
+    st = MonitorState(tmp_path / "runs", refresh_s=0.0)
+    assert [r["run"] for r in st.runs()] == ["mini/grpo/seed1", "mini/sao/seed0"]
+    b.chmod(0o000)  # closed while served: it drops out (a user's monitor could not read it either)
+    try:
+        assert [r["run"] for r in st.runs()] == ["mini/sao/seed0"] and st.metrics("mini/grpo/seed1") is None
+        (a / "metrics.jsonl").chmod(0o000)
+        assert [r["files"] for r in st.runs()] == [["mini/sao/seed0/events.log"]]
+    finally:
+        b.chmod(0o755)
+        (a / "metrics.jsonl").chmod(0o644)
+    assert [r["run"] for r in st.runs()] == ["mini/grpo/seed1", "mini/sao/seed0"]  # reopened: served again

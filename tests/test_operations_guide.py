@@ -38,7 +38,7 @@ def test_operations_guide_renders_with_computed_symptoms(tmp_path):
     mode = yaml.safe_load((ROOT / "configs" / "phase2_hard_base.yaml").read_text())["actor"]["weight_update_mode"]
     assert f"actor.weight_update_mode: {mode}" in text
     assert f"{6 / 192:.1%}" in text  # the monitor's reward timeout rate of the example log
-    assert "Traceback" not in text.split("How to monitor a run")[0]  # no cell failed before the crash example
+    assert "Traceback (most recent call last)" not in text.split("How to monitor a run")[0]  # no cell failed before the crash example
 
 
 def test_guide_is_in_the_docs_sidebar_and_linked_from_the_readme():

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from ..runconfig import repo_dir
-from ..runlog import read_events
+from ..runlog import note_exit, read_events
 # the launch's first step; importable from here as before
 from .preflight import (APPS_QUERY, EXIT_GPUS, EXIT_NO_SMI, EXIT_OK, GPU, GPU_QUERY, classify_gpus, parse_preflight,
                                  preflight_cmd, preflight_main, preflight_report, run_preflight)
@@ -313,6 +313,9 @@ def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight
                            scripts_dir=scripts, preflight=preflight, threshold_mib=threshold_mib)
     print(f"== {config} (setting {cfg.sao.setting}, seed {cfg.seed}) -> {cfg.sao.run_dir}", file=out)
     rc, steps = execute_plan(plan, dry_run=dry_run, run=run, out=out)
+    for s in steps:  # a trainer killed (e.g. by the OOM killer) writes no event: the run's crash is recorded here
+        if s["step"] == "train" and s.get("returncode"):
+            note_exit(rec["run_dir"], s["returncode"], "launch")
     return {**rec, "status": "dry-run" if dry_run else ("ok" if rc == 0 else "failed"), "returncode": rc, "steps": steps}
 
 # %% ../../nbs/41_areal.launch.ipynb #62f94b5a

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..settings import get_setting, list_settings
 from ..runconfig import repo_dir
-from ..runlog import LOCK_FILE, RunFolderBusy, lock_run_dir
+from ..runlog import LOCK_FILE, RunFolderBusy, lock_run_dir, note_exit
 from ..checks import port_arg
 from .launch import (CPU_RAY_HEAD, RAY_TEMP, areal_cpu_requirements, missing_requirements, ray_running,
                                     setting_config, start_ray_head, stop_ray_session)
@@ -343,6 +343,7 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, ser
     finally:
         _stop(trainer)
         _stop(stand_in)
+    note_exit(run.run_dir, rc, "rehearse")  # a trainer killed without a word: an `error` event with its signal
     rec = {"setting": run.setting, "seed": run.seed, "run_dir": str(run.run_dir), "returncode": rc,
            "seconds": round(time.time() - t0, 1), "steps": _steps_logged(run.run_dir), "peak_rss_mb": round(peak)}
     if server is not None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from ..files import restore_dirs
 from ..runconfig import set_reward_env
-from ..runlog import log_event
+from ..runlog import log_event, log_failure
 
 # %% ../../nbs/39_areal.train.ipynb #bbe084d9
 PROMPT_SUFFIX = "\nPlease put your final answer within \\boxed{}."
@@ -140,8 +140,8 @@ def train(cfg) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints of finished steps stay; --resume continues
         log_event(run_dir, "interrupted", setting=cfg.sao.setting, seed=cfg.seed)
         raise
-    except BaseException as e:
-        log_event(run_dir, "error", error=repr(e))
+    except BaseException as e:  # out of memory: an `oom` event, else `error` (the health flags read them)
+        log_failure(run_dir, e)
         raise
     log_event(run_dir, "finish", setting=cfg.sao.setting, seed=cfg.seed)
     return 0

@@ -146,16 +146,19 @@ class SAOPPOTrainer(PPOTrainer):
                 commit_dirs(dirs)
 
 # %% ../../nbs/37_areal.trainer.ipynb #6b6fd2a6
-from ..runlog import areal_to_metrics
+from ..runlog import NAN_EVENT, areal_to_metrics, nonfinite_keys
 
 def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
-    "Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names (`step` counts from 1)."
+    """Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names (`step` counts from 1);
+    a loss or gradient norm that is not finite is also a `nan` event naming its keys."""
     if not run_dir:
         return None
     row = {"step": int(step), **{k: v for k, v in areal_to_metrics(stats).items() if not k.endswith("__count")}}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(run_dir) / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row, default=float) + "\n")
+    if bad := nonfinite_keys(row):
+        log_event(run_dir, NAN_EVENT, step=int(step), keys=bad)
     return row
 
 def trim_metrics(run_dir:str, last_step:int) -> int:

@@ -6,52 +6,47 @@ Docs: https://sao-repro.github.io/sao-repro/metrics.health.html.md"""
 
 # %% ../../nbs/61_metrics.health.ipynb #be040988
 from __future__ import annotations
+import json
 import math
 import os
 import re
 import time
-from ..runlog import EVENTS_FILE
+from ..runlog import CRASH_EVENT, NAN_EVENT, OOM_EVENT, oom_error_text
+from .areal import HEADER_RE
 
 # %% auto #0
-__all__ = ['OOM_RE', 'NAN_RE', 'TIMEOUT_RE', 'PROGRESS_RE', 'TRACEBACK', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'EV_NEGATIVE_AFTER',
-           'EV_RECENT', 'EV_FLAT', 'EV_FLAT_STEPS', 'STARVED_STEPS', 'ALL_NEGATIVE_STEPS', 'DIS_HEAVY_FRAC',
-           'DIS_RECENT', 'RETURNS_EPS', 'MISMATCH_BUDGET', 'MISMATCH_RECENT', 'SAO_FLAGS', 'FileHealth', 'HealthScan',
-           'nonfinite_watched', 'pool_timeout_rate', 'timeout_rate', 'mismatch_budget', 'mark_degenerate', 'sao_flags',
-           'health_flags']
+__all__ = ['TIMEOUT_RE', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'EV_NEGATIVE_AFTER', 'EV_RECENT', 'EV_FLAT', 'EV_FLAT_STEPS',
+           'STARVED_STEPS', 'ALL_NEGATIVE_STEPS', 'DIS_HEAVY_FRAC', 'DIS_RECENT', 'RETURNS_EPS', 'MISMATCH_BUDGET',
+           'MISMATCH_RECENT', 'SAO_FLAGS', 'HealthScan', 'nonfinite_watched', 'pool_timeout_rate', 'timeout_rate',
+           'mismatch_budget', 'mark_degenerate', 'sao_flags', 'health_flags']
 
 # %% ../../nbs/61_metrics.health.ipynb #67691b60
-OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory: kill|oom[-_ ]?kill|memory cgroup out of memory"
-                    r"|running low on memory|Ray killed this worker|std::bad_alloc|\bMemoryError\b|OUT_OF_MEMORY|^\s*Killed\s*$", re.I)
-NAN_RE = re.compile(r"\b(?:nan|inf)s? (?:detected|encountered)\b|non-finite (?:loss|grad)|loss is nan", re.I)
 TIMEOUT_RE = re.compile(r"Timeout \([\d.]+s\) in MathVerifyWorker|reward[ _-]?time[ _-]?out|reward computation timed out", re.I)
-PROGRESS_RE = re.compile(r"Train step \d+/\d+ done\.|^\s*step[ =:]+\d+", re.I)
-TRACEBACK = "Traceback (most recent call last):"
 
-class FileHealth:
-    "Per-file crash bookkeeping: is there a traceback after the last progress line, near the end?"
-    def __init__(self):
-        self.tb_open = False
-        self.after_tb = 0
-    def feed(self, line:str):
-        if TRACEBACK in line:
-            self.tb_open, self.after_tb = True, 0
-        elif PROGRESS_RE.search(line):
-            self.tb_open = False
-        elif self.tb_open and line.strip():
-            self.after_tb += 1
-    def crashed(self, tail:int=50) -> bool:
-        return self.tb_open and self.after_tb <= tail
+def _event_parts(line:str) -> tuple[str, dict]|None:
+    "`(event, details)` of one events.log line `time<TAB>EVENT<TAB>json details`, or None (torn or garbage)."
+    parts = line.rstrip("\r\n").split("\t")
+    if len(parts) != 3 or not parts[1].strip():
+        return None
+    try:
+        details = json.loads(parts[2])
+    except ValueError:
+        return None
+    return (parts[1].strip().lower(), details) if isinstance(details, dict) else None
+
+def _oom_error(details:dict) -> bool:
+    "An `error` event (written before `oom` events) of an out-of-memory exception, by its class name."
+    return oom_error_text(details.get("type", "")) or oom_error_text(details.get("error", ""))
 
 # %% ../../nbs/61_metrics.health.ipynb #07d8b3cf
 class HealthScan:
-    "Accumulates health evidence from log lines of one run."
+    "Accumulates health evidence of one run: its events, and its log lines for reward timeouts."
     def __init__(self):
         self.oom = False
         self.nan = False
         self.finished = False
         self.last_event = None
         self.timeouts = 0
-        self.files = {}
         self.messages = []
 
     def _note(self, what:str, line:str):
@@ -59,44 +54,36 @@ class HealthScan:
             self.messages.append(f"{what}: {line.strip()[:200]}")
 
     def feed(self, line:str, source:str="log"):
-        "Scan one (cleaned) line from file `source`."
-        self.files.setdefault(source, FileHealth()).feed(line)
-        if OOM_RE.search(line):
-            self.oom = True
-            self._note("oom", line)
-        if NAN_RE.search(line):
-            self.nan = True
-            self._note("nan", line)
+        "Scan one (cleaned) log line of file `source`: reward timeouts and AReaL's end; nothing else in it is evidence."
         if "Computing reward timeout" in line:
             self.timeouts += "Returning 0" in line
         elif TIMEOUT_RE.search(line):
             self.timeouts += 1
-        if "Training completes!" in line:
+        if (head := HEADER_RE.match(line)) and head.group(4).strip() == "Training completes!":
             self.finished = True
 
     def feed_event(self, line:str):
-        "Scan one events.log line: `ISO-time<TAB>EVENT<TAB>json details`."
-        parts = line.rstrip("\r\n").split("\t", 2)
-        if len(parts) < 2:
-            return self.feed(line, EVENTS_FILE)
-        event = parts[1].strip().lower()
+        "Scan one events.log line: `ISO-time<TAB>EVENT<TAB>json details` (torn or garbage lines are skipped)."
+        if (parsed := _event_parts(line)) is None:
+            return
+        event, details = parsed
         self.last_event = event
         if event == "finish":
             self.finished = True
         elif event in ("start", "resume"):
             self.finished = False
-        elif event == "nan":
+        elif event == NAN_EVENT:
             self.nan = True
             self._note("nan", line)
-        if event == "error" and OOM_RE.search(line):
+        elif event == OOM_EVENT or (event == CRASH_EVENT and _oom_error(details)):
             self.oom = True
             self._note("oom", line)
+        if event == CRASH_EVENT:
+            self._note("error", line)
 
-    def crashed(self, tail:int=50) -> bool:
-        "A traceback at the end of a log, or an `error` as the last event (and not finished)."
-        if self.finished:
-            return False
-        return self.last_event == "error" or any(f.crashed(tail) for f in self.files.values())
+    def crashed(self) -> bool:
+        "An `error` or `oom` event was the last event, and the run has not finished."
+        return not self.finished and self.last_event in (CRASH_EVENT, OOM_EVENT)
 
 # %% ../../nbs/61_metrics.health.ipynb #18463ad0
 NAN_WATCH_RE = re.compile(r"loss|grad_norm|^reward/|^adv/|^acc$")
@@ -198,8 +185,8 @@ def sao_flags(steps:dict, # {step: {metric: value}} of one run
     ev = _series(steps, "critic/explained_var")
     neg = ev[-1][0] if len(ev) >= EV_NEGATIVE_AFTER and all(v < 0 for _, v in ev[-EV_RECENT:]) else None
     flat = ev[-1][0] if len(ev) >= EV_FLAT_STEPS and all(v <= EV_FLAT for _, v in ev[-EV_FLAT_STEPS:]) else None
-    gn = [(s, m["critic/grad_norm"] > m["critic/grad_clip"]) for s, m in sorted(steps.items())
-          if math.isfinite(m.get("critic/grad_norm", math.nan)) and math.isfinite(m.get("critic/grad_clip", math.nan))]
+    gn = [(s, not (m["critic/grad_norm"] <= m["critic/grad_clip"])) for s, m in sorted(steps.items())  # NaN: over
+          if "critic/grad_norm" in m and math.isfinite(m.get("critic/grad_clip", math.nan))]
     adv = [(s, v < 0) for s, v in _series(steps, "adv/max")]
     z = [(s, x) for s, m in sorted(steps.items()) if (x := _zeroed(m)) is not None and math.isfinite(x)][-DIS_RECENT:]
     heavy = z[-1][0] if z and sum(x for _, x in z) / len(z) > DIS_HEAVY_FRAC else None
@@ -212,7 +199,7 @@ def sao_flags(steps:dict, # {step: {metric: value}} of one run
 
 # %% ../../nbs/61_metrics.health.ipynb #8575a974
 def health_flags(
-    health:HealthScan, # what the run's log lines said
+    health:HealthScan, # what the run's events (and, for timeouts and AReaL's end, its logs) said
     finished:bool=False, # the reader's own evidence that the run ended (its last step was reached)
     last_time:float|None=None, # time of the last new step (else of the run's start); None: never stalled
     nonfinite:bool=False, # a watched metric was not finite (`nonfinite_watched`)

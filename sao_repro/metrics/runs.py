@@ -9,22 +9,26 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from ..runlog import METRICS_FILE, EVENTS_FILE, CONFIG_FILE, utf8_name
 from ..settings import list_settings
 from .areal import is_areal_log
 
 # %% auto #0
-__all__ = ['AREAL_LOGS', 'LOG_SUFFIXES', 'RUN_MARKERS', 'SEED_RE', 'readable', 'areal_logs', 'find_runs', 'setting_re',
-           'read_config', 'run_identity']
+__all__ = ['AREAL_LOGS', 'LOG_SUFFIXES', 'RUN_MARKERS', 'SEED_RE', 'readable', 'areal_logs', 'find_runs', 'mode_allows',
+           'may_read', 'may_read_below', 'setting_re', 'read_config', 'run_identity']
 
 # %% ../../nbs/62_metrics.runs.ipynb #04f5822f
 AREAL_LOGS = ("main.log", "merged.log")
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 
 def readable(p:Path, follow_symlinks:bool=True) -> bool:
-    "`p` is a file we may read (with `follow_symlinks=False`, a symlink never is: it may point out of the tree)."
-    return p.is_file() and (follow_symlinks or not p.is_symlink())
+    "`p` is a file we may read (with `follow_symlinks=False`, the monitor's reading: never a symlink, which may point out of the tree, and only a file its user may read, `may_read`)."
+    try:
+        return p.is_file() and (follow_symlinks or (not p.is_symlink() and may_read(p)))
+    except OSError:  # below a folder this user may list but not enter
+        return False
 
 def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
     "AReaL log files of a folder: main.log, merged.log, then other logs that look like AReaL's."
@@ -63,6 +67,36 @@ def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
         return "/".join(parts[-3:]) if SEED_RE.fullmatch(parts[-1]) else parts[-1]
     named = [(name(d), d) for d in found]
     return [(n, d) for n, d in named if utf8_name(d, "run folder", n)]  # the folder given: named from its path
+
+# %% ../../nbs/62_metrics.runs.ipynb #0cddb051
+def mode_allows(st:os.stat_result, # a file's or folder's stat
+                uid:int, # the reader's user id
+                gids:set[int], # the reader's group ids
+               ) -> bool:
+    "The mode bits of `st` let user `uid` read it (and list and enter it, if a folder); no superuser override."
+    want = 0o5 if stat.S_ISDIR(st.st_mode) else 0o4
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
+    return (st.st_mode >> shift) & want == want
+
+def may_read(p:str|Path) -> bool:
+    "This process's user may read `p` (list and enter it, if a folder): `os.access`, or for the superuser the mode bits."
+    try:
+        if os.geteuid() != 0:
+            mode = os.R_OK | (os.X_OK if os.path.isdir(p) else 0)
+            return os.access(p, mode, effective_ids=os.access in os.supports_effective_ids)
+        return mode_allows(os.stat(p), 0, set(os.getgroups()) | {os.getegid()})
+    except OSError:
+        return False
+
+def may_read_below(root:str|Path, # the folder served
+                   p:str|Path, # a folder or file at or below it
+                  ) -> bool:
+    "`may_read` for `p` and every folder from `root` down to it (False when `p` is not below `root`)."
+    root, p = Path(root), Path(p)
+    if p != root and not p.is_relative_to(root):
+        return False
+    return all(may_read(q) for q in [root, *[root.joinpath(*p.relative_to(root).parts[:i + 1])
+                                             for i in range(len(p.relative_to(root).parts))]])
 
 # %% ../../nbs/62_metrics.runs.ipynb #dbcb3bd1
 def setting_re() -> re.Pattern:

@@ -24,7 +24,8 @@ from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, 
 from ..stopping import RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
-from .runfolder import run_state
+from .runfolder import checkpoints, run_state
+from .inputs import check_inputs, fit_knobs, resolve_inputs
 from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
 
 # the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
@@ -33,10 +34,10 @@ STUDY_SOURCES = ["sao_repro/mini", "sao_repro/core.py", "sao_repro/dis.py", "sao
                  "sao_repro/math_answer.py", "sao_repro/runconfig.py", "experiments/run_setting.ipynb"]
 
 # %% auto #0
-__all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'run_setting', 'plot_run', 'RunCommand', 'setting_choice',
-           'command_options', 'parse_command', 'run_overrides', 'run_options', 'run_main', 'find_run_notebook',
-           'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand', 'compare_options',
-           'prebuild_warm_start', 'compare_main']
+__all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_areal_overrides', 'run_setting', 'plot_run',
+           'RunCommand', 'setting_choice', 'command_options', 'parse_command', 'run_overrides', 'run_options',
+           'run_main', 'find_run_notebook', 'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand',
+           'compare_options', 'prebuild_warm_start', 'compare_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
@@ -66,12 +67,16 @@ def _areal_launcher():
                            "Use backend='mini' for the CPU testbed.") from None
     return launch_setting
 
-def _run_areal(setting: str, seed: int, steps: int | None, out_dir: str, overrides: dict) -> Path:
-    "Launch one cluster run through sao_repro.areal.launch.launch_setting; overrides: dry_run, extra_overrides."
+def check_areal_overrides(overrides: dict):
+    "Refuse run options the cluster backend does not take (it takes dry_run and extra_overrides)."
     bad = sorted(set(overrides) - set(AREAL_OVERRIDES))
     if bad:
         raise ValueError(f"backend='areal' takes overrides {', '.join(AREAL_OVERRIDES)} (cluster options go in "
                          f"extra_overrides as 'key=value'); got {bad}")
+
+def _run_areal(setting: str, seed: int, steps: int | None, out_dir: str, overrides: dict) -> Path:
+    "Launch one cluster run through sao_repro.areal.launch.launch_setting; overrides: dry_run, extra_overrides."
+    check_areal_overrides(overrides)
     rec = _areal_launcher()(setting, seed=seed, steps=steps, out_dir=out_dir,
                             dry_run=bool(overrides.get("dry_run", False)),
                             extra_overrides=list(overrides.get("extra_overrides", [])))
@@ -186,10 +191,11 @@ def run_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, ov = run_options(argv)
     steps = ov.pop("steps", None)
-    try:  # argument errors exit 2 before any folder is made
+    try:  # argument errors, a critic_init that cannot be used among them, exit 2 before any folder is made
         if args.backend == "mini":
-            make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov)
-    except ValueError as e:
+            ov = resolve_inputs(ov)
+            check_inputs([make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov)])
+    except (ValueError, OSError) as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -207,7 +213,9 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"sao-repro run: stopped, disk full: {e.strerror}", file=sys.stderr)
         return 1
     except NonFiniteError as e:
-        print(f"sao-repro run: stopped, non-finite loss or gradient: {e} (last good checkpoint kept)", file=sys.stderr)
+        kept = checkpoints(make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov).run_dir())
+        print(f"sao-repro run: stopped, non-finite loss or gradient: {e} ("
+              + (f"last good checkpoint kept: {kept[-1].name})" if kept else "no checkpoint was written before it)"), file=sys.stderr)
         return 3
     except Exception as e:  # noqa: BLE001 -- report any failure as exit 1 (the events.log has the details)
         print(f"sao-repro run: error: {type(e).__name__}: {e}", file=sys.stderr)
@@ -296,14 +304,20 @@ def compare_options(argv: list[str]) -> tuple:
     return a, run_overrides(a, base, skip=("steps", "backend", "out"))
 
 # %% ../../nbs/32_mini.cli.ipynb #ed10bf22
-def _compare_state(a, ov: dict, setting: str, seed: int) -> str:
+def _compare_plan(a, ov: dict) -> tuple[dict, list[str]]:
+    "Every option checked before any run starts, as `run` and `sweep` do: per setting its run options (knobs it lacks the part for left out), and a note per knob left out."
+    if a.backend != "mini":
+        check_areal_overrides(ov)
+        return {s: ov for s in a.settings}, []
+    ovs, notes = fit_knobs(a.settings, resolve_inputs(ov))
+    check_inputs([make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]) for s in a.settings for k in range(a.seeds)])
+    return ovs, notes
+
+def _compare_state(a, ovs: dict, setting: str, seed: int) -> str:
     "'done' (skip), 'partial' (resume) or 'new' for one compare run ('new' for all with --overwrite or the cluster)."
     if a.overwrite or a.backend != "mini":
         return "new"
-    try:
-        steps = make_config(setting, seed, a.steps, a.backend, a.out, a.smoke, ov).steps
-    except ValueError:  # the run itself will fail and be reported
-        return "new"
+    steps = make_config(setting, seed, a.steps, a.backend, a.out, a.smoke, ovs[setting]).steps
     return run_state(Path(a.out) / a.backend / setting / f"seed{seed}", steps)
 
 # %% ../../nbs/32_mini.cli.ipynb #a0949dff
@@ -318,11 +332,11 @@ def prebuild_warm_start(a, ov):
         warm_start(cfg.task(), cfg.model(), cfg.pretrain())
         return
 
-def _compare_local(a, ov, nb, todo, bar) -> list[tuple]:
-    "The runs `todo` in a local thread pool of `a.jobs`; returns the failed (setting, seed, error)."
+def _compare_local(a, ovs, nb, todo, bar) -> list[tuple]:
+    "The runs `todo` in a local thread pool of `a.jobs` (`ovs`: setting -> its run options); returns the failed (setting, seed, error)."
     failed = []
     with ThreadPoolExecutor(max(1, a.jobs)) as ex:
-        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite): (s, k)
+        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite): (s, k)
                 for s, k, st in todo}
         for f in as_completed(futs):
             s, k = futs[f]
@@ -332,26 +346,19 @@ def _compare_local(a, ov, nb, todo, bar) -> list[tuple]:
             bar.update(1)
     return failed
 
-def _compare_on_ray(a, ov, nb, todo, bar) -> list[tuple]:
-    "The runs `todo` as Ray tasks (`sao_repro.mini.cluster`); returns the failed (setting, seed, error)."
+def _compare_on_ray(a, ovs, nb, todo, bar) -> list[tuple]:
+    "The runs `todo` as Ray tasks (`sao_repro.mini.cluster`; `ovs`: setting -> its run options); returns the failed (setting, seed, error)."
     from sao_repro.mini.cluster import run_on_ray
     if a.backend != "mini":
         raise ValueError("--ray runs the CPU testbed (backend mini)")
-    jobs, failed = [], []
-    for s, k, st in todo:
-        try:
-            cfg = make_config(s, k, a.steps, a.backend, a.out, a.smoke, ov)
-        except ValueError as e:  # reported like a failed run, as the local pool does
-            failed.append((s, k, e))
-            bar.update(1)
-            continue
-        jobs.append({"name": f"{s} seed{k}", "setting": s, "seed": k, "cfg": cfg,
-                     "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
-                     "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ov, st == "partial", a.overwrite)})
-    return failed + [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
+    jobs = [{"name": f"{s} seed{k}", "setting": s, "seed": k, "cfg": make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]),
+             "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
+             "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite)}
+            for s, k, st in todo]
+    return [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
 
 def compare_main(argv: list[str] | None = None) -> int:
-    "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (they are listed), 130 when interrupted."
+    "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad option (before any run), 130 when interrupted."
     from tqdm.auto import tqdm
     a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
@@ -359,13 +366,20 @@ def compare_main(argv: list[str] | None = None) -> int:
     if a.ray is not None and a.backend != "mini":
         print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
         return 2
+    try:  # every option, critic_init's file among them, before any run starts or any folder is made
+        ovs, notes = _compare_plan(a, ov)
+    except (ValueError, OSError) as e:
+        print(f"sao-repro compare: error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:  # the knobs left out for some settings, and why
+        print(note)
     if a.ray is not None:  # a cluster that is not there is named before any run starts
         from sao_repro.mini.cluster import ray_problem
         problem = ray_problem(a.ray)
         if problem:
             print(f"sao-repro compare: {problem}", file=sys.stderr)
             return 2
-    jobs = [(s, k, _compare_state(a, ov, s, k)) for s in a.settings for k in range(a.seeds)]
+    jobs = [(s, k, _compare_state(a, ovs, s, k)) for s in a.settings for k in range(a.seeds)]
     done = [(s, k) for s, k, st in jobs if st == "done"]
     if done:
         print(f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
@@ -375,11 +389,11 @@ def compare_main(argv: list[str] | None = None) -> int:
     try:
         with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
             if a.ray is not None:
-                failed = _compare_on_ray(a, ov, nb, todo, bar)
+                failed = _compare_on_ray(a, ovs, nb, todo, bar)
             else:
                 if a.backend == "mini" and todo:
-                    prebuild_warm_start(a, ov)
-                failed = _compare_local(a, ov, nb, todo, bar)
+                    prebuild_warm_start(a, ovs[a.settings[0]])
+                failed = _compare_local(a, ovs, nb, todo, bar)
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
         print(f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
               "resume: run the same command again", file=sys.stderr)
@@ -394,7 +408,7 @@ def compare_main(argv: list[str] | None = None) -> int:
           f"{Path(a.out) / a.backend}; every table in {summ}\n")
     print(table)
     command = f"sao-repro compare {shlex.join(list(sys.argv[1:] if argv is None else argv))}"
-    summ.write_text(f"`{command}`\n\n" + "\n\n".join(t for t in (table, rest) if t) + "\n")
+    summ.write_text(f"`{command}`\n\n" + "".join(f"{n}\n\n" for n in notes) + "\n\n".join(t for t in (table, rest) if t) + "\n")
     (Path(a.out) / a.backend / "summary.json").write_text(json.dumps(rows, indent=1))
     for s, k, e in failed:
         print(f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr)

@@ -15,7 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..files import TASK_PATHS_ENV, apply_umask
 from ..nbrun import run_notebook
+from .inputs import inputs_key, pack_inputs, unpack_inputs
 from .model import cache_root, start_key, warm_start
 from .runfolder import check_fresh, run_state
 
@@ -34,12 +36,13 @@ def pack_dir(d) -> bytes:
     return buf.getvalue()
 
 def unpack_into(blob: bytes, d):
-    "Replace folder `d` by the packed folder `blob`: unpacked beside it, then renamed into place."
+    "Replace folder `d` by the packed folder `blob`: unpacked beside it with this process's modes (umask), then renamed into place."
     d = Path(d)
     d.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{d.name}.in-", dir=d.parent))
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tf:
         tf.extractall(new, filter="data")
+    apply_umask(new)  # mkdtemp made it 0700, the packing process's umask made the rest: the modes of a local run
     old = d.with_name(f".{d.name}.old-{os.getpid()}")
     if d.exists():
         os.replace(d, old)
@@ -60,27 +63,30 @@ def start_blobs(cfgs, log=print) -> dict[str, bytes]:
 
 # %% ../../nbs/24_mini.cluster.ipynb #acc11f82
 def run_task(notebook: str, # the run notebook's text
-             params: dict, # its papermill parameters (`out_dir` is replaced by the task's folder)
+             params: dict, # its papermill parameters (`out_dir`: the user's, whose stand-in is the task's folder)
              folder: bytes | None, # the packed partial run folder to resume, or None
              start: tuple[str, bytes], # (warm-start key, packed warm start)
+             inputs: bytes | None = None, # the packed input files (`sao_repro.mini.inputs.pack_inputs`), or None
             ) -> dict:
     "Execute one run in a private folder; returns {node, error, folder (packed), seconds}, also when the run failed."
     t0 = time.time()
     import ray
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None  # None: called outside Ray
     with tempfile.TemporaryDirectory(prefix="sao-ray-run-") as tmp:
-        tmp = Path(tmp)
+        tmp = Path(tmp).resolve()
         unpack_into(start[1], tmp / "cache" / "mini" / start[0])
         run_dir = tmp / "out" / params["backend"] / params["setting"] / f"seed{params['seed']}"
         if folder:
             unpack_into(folder, run_dir)
         nb = tmp / "run_setting.ipynb"
         nb.write_text(notebook)
-        env = {"SAO_REPRO_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}  # the kernel inherits both
+        paths = {params["out_dir"]: str(tmp / "out"), **(unpack_inputs(inputs, tmp / "inputs") if inputs else {})}
+        env = {"SAO_REPRO_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1",  # the kernel inherits all three
+               TASK_PATHS_ENV: json.dumps(paths)}
         saved, error = {k: os.environ.get(k) for k in env}, None
         os.environ.update(env)
         try:
-            run_notebook(nb, run_dir / "run_setting.ipynb", {**params, "out_dir": str(tmp / "out")}, cwd=str(tmp))
+            run_notebook(nb, run_dir / "run_setting.ipynb", params, cwd=str(tmp))
         except Exception as e:  # noqa: BLE001 -- sent back with the run folder, reported by the driver
             error = f"{type(e).__name__}: {e}"
         finally:
@@ -206,13 +212,17 @@ def run_on_ray(notebook, # the run notebook
     task = ray.remote(num_cpus=1, max_retries=3)(run_task)
     nb_ref = ray.put(Path(notebook).read_text())
     starts = {k: ray.put((k, b)) for k, b in start_blobs([j["cfg"] for j in jobs], log=log).items()}
+    inputs = {}
+    for j in jobs:  # each distinct set of input files packed and put once
+        if any(k := inputs_key(j["cfg"])) and k not in inputs:
+            inputs[k] = ray.put(pack_inputs(j["cfg"]))
     pending, failed = {}, []
 
     def submit(j, attempt, opts):
         key = start_key(j["cfg"].task(), j["cfg"].model(), j["cfg"].pretrain())
         resume = bool(j["params"].get("resume"))
         folder = pack_dir(j["run_dir"]) if resume and Path(j["run_dir"]).exists() else None
-        pending[task.options(**opts).remote(nb_ref, j["params"], folder, starts[key])] = (j, attempt)
+        pending[task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))] = (j, attempt)
 
     def fail(j, err):
         failed.append((j, err))

@@ -14,6 +14,7 @@ from fastcore.basics import patch
 
 from ..checks import check_number
 from ..dis import dis_preset
+from ..files import task_path
 from ..loss import POLICY_FORMS
 from ..settings import Setting, check_knob, get_setting, list_settings
 from .model import ModelConfig, PretrainConfig
@@ -21,7 +22,7 @@ from .rollout import RolloutConfig
 from .task import TaskConfig, chain_prompt_len, max_answer_len, task_tokenizer
 
 # %% auto #0
-__all__ = ['Backend', 'BACKENDS', 'MiniRunConfig']
+__all__ = ['Backend', 'BACKENDS', 'NEEDS', 'KNOB_NEEDS', 'INPUT_PATHS', 'MiniRunConfig', 'knob_misfit']
 
 # %% ../../nbs/28_mini.config.ipynb #69a64c7f
 Backend = Literal["mini", "areal"]
@@ -54,9 +55,9 @@ class MiniRunConfig:
     minibatches: int = field(default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"})
     critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
     critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
-    critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's)"})
-    critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt (None: from the policy)"})
-    dis_band: str | None = field(default=None, metadata={"help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)"})
+    critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's; a setting without a critic refuses it)", "needs": "critic"})
+    critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt; a relative path is taken from the current folder (None: from the policy; a setting without a critic refuses it)", "needs": "critic", "input": True})
+    dis_band: str | None = field(default=None, metadata={"help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)", "needs": "dis"})
     adv_whiten: bool | None = field(default=None, metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"})
     critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
     policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
@@ -94,9 +95,10 @@ class MiniRunConfig:
                 setattr(self, name, check_knob(knob, getattr(self, name), name))
         if self.dis_band is not None:
             self.dis_band = dis_preset(self.dis_band, "dis_band")
-            if get_setting(self.setting).dis_band is None:
-                raise ValueError(f"dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
-                                 "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)")
+        for name in KNOB_NEEDS:  # a knob of a part the setting does not have is refused, never recorded unused
+            why = knob_misfit(name, self.setting)
+            if getattr(self, name) is not None and why:
+                raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
         if self.critic_width is not None and int(self.critic_width) < 1:
             raise ValueError(f"critic_width={self.critic_width} must be >= 1 (or None for the policy's width)")
         if self.critic_width is not None and self.critic_width % self.model().n_heads:
@@ -122,7 +124,8 @@ class MiniRunConfig:
         return cls(**d)
 
     def run_dir(self) -> Path:
-        return Path(self.out) / self.backend / self.setting / f"seed{self.seed}"
+        "The run folder <out>/<backend>/<setting>/seed<S>/ (inside a Ray task: its stand-in, `sao_repro.files.task_path`)."
+        return task_path(Path(self.out)) / self.backend / self.setting / f"seed{self.seed}"
 
     def task(self) -> TaskConfig:
         return TaskConfig(difficulty=self.difficulty, ops=self.ops, n_eval=self.eval_n, family=self.family,
@@ -143,6 +146,23 @@ class MiniRunConfig:
         if self.preset == "default":  # chain rows are ~4x longer: half the batch, two thirds of the steps
             return PretrainConfig(**noise) if self.family == "add" else PretrainConfig(steps=2000, batch_size=64, **noise)
         return PretrainConfig(**{"steps": 300, "batch_size": 64, "warmup": 10, "lr": 1e-2, "noise_frac": 0.5, **noise})
+
+# %% ../../nbs/28_mini.config.ipynb #a9137a5c
+NEEDS = {"critic": ("critic", lambda s: s.critic), "dis": ("DIS band to replace", lambda s: s.dis_band is not None)}
+KNOB_NEEDS = {f.name: f.metadata["needs"] for f in fields(MiniRunConfig) if "needs" in f.metadata}
+INPUT_PATHS = tuple(f.name for f in fields(MiniRunConfig) if f.metadata.get("input"))
+
+def knob_misfit(name: str, # a `MiniRunConfig` field
+                setting: str, # a registered setting
+               ) -> str | None:
+    "Why knob `name` cannot apply to `setting` (naming the settings it fits), or None when it can."
+    if name not in KNOB_NEEDS:
+        return None
+    what, has = NEEDS[KNOB_NEEDS[name]]
+    if has(get_setting(setting)):
+        return None
+    fits = [s for s in list_settings() if has(get_setting(s))]
+    return f"setting {setting!r} has no {what}; pick a setting with one ({', '.join(fits)})"
 
 # %% ../../nbs/28_mini.config.ipynb #52e909b9
 _INT_MIN = {"seed": 0, "steps": 1, "traj_per_step": 1, "lag": 0, "difficulty": 1, "eval_every": 1, "eval_n": 1,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import file_sha256
+from ..files import file_sha256, task_path, user_path
 from ..safeload import load_state
 from .config import MiniRunConfig
 from .model import CriticModel, PolicyModel
@@ -33,9 +33,9 @@ def critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) -> 
 # %% ../../nbs/23_mini.critic_init.ipynb #d44aa7cd
 def read_critic_init(path: str | Path, # a run folder, a checkpoint .pt, or a critic state_dict .pt
                     ) -> tuple[dict, dict]: # (the critic's state_dict, the source record: path, step, sha256)
-    "The critic weights `critic_init=path` points at, read without running code."
+    "The critic weights `critic_init=path` points at, read without running code (in a Ray task: its shipped copy)."
     opt = f"critic_init={path}"
-    p = Path(path)
+    p = task_path(path)
     if p.is_dir():
         found = checkpoints(p)
         if not found:
@@ -50,9 +50,13 @@ def read_critic_init(path: str | Path, # a run folder, a checkpoint .pt, or a cr
             raise ValueError(f"{opt}: that run ({(sd.get('config') or {}).get('setting')}) has no critic")
         sd = sd["critic"].get("model") if isinstance(sd["critic"], dict) else None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{opt}: {p} holds no critic weights (want a run folder, one of its checkpoints, "
+        raise ValueError(f"{opt}: {user_path(p)} holds no critic weights (want a run folder, one of its checkpoints, "
                          "or a critic state_dict of tensors)")
-    return sd, {"path": str(p.resolve()), "step": step, "sha256": file_sha256(p)}
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"{opt}: {user_path(p)} holds non-finite critic weights ({', '.join(bad[:4])}); give a "
+                         "checkpoint from before the run diverged")
+    return sd, {"path": str(user_path(p.resolve())), "step": step, "sha256": file_sha256(p)}
 
 # %% ../../nbs/23_mini.critic_init.ipynb #74adb9c0
 def check_critic_shapes(model: torch.nn.Module, sd: dict, path: str | Path):

@@ -1,4 +1,4 @@
-"""The asynchronous rollout simulator: the behaviour policy is the policy from `lag` steps ago, optionally with logit noise, and `behav_logp` is recorded at sampling time.
+"""The asynchronous rollout simulator: the behaviour policy is the policy from `lag` steps ago, optionally with logit noise or in bfloat16, and `behav_logp` is what that engine reports.
 
 Docs: https://sao-repro.github.io/sao-repro/mini.rollout.html.md"""
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..mismatch import mismatch_metrics
-from .model import PolicyModel, sample_scored
+from .model import PolicyModel, sample_scored, token_logp
 from .task import CharTokenizer, TaskConfig, max_answer_len
 
 # %% auto #0
@@ -95,7 +95,11 @@ def collect(behav: PolicyModel, # the behaviour policy (stale weights)
     pos = torch.arange(L)[None]
     loss_mask = (pos >= P - 1) & (pos < P - 1 + resp_len[:, None])
     behav_logp = torch.zeros(B, L)
-    behav_logp[:, P - 1:P - 1 + max_new] = lps
+    if noise == 0 and dtype == "float32":  # an exact engine: one prefill pass per row, the trainer's arithmetic
+        with torch.no_grad():
+            behav_logp = token_logp(behav(tokens, lengths=None if task.family == "add" else P + resp_len), tokens)
+    else:  # what the mismatched engine reported while it sampled
+        behav_logp[:, P - 1:P - 1 + max_new] = lps
     behav_logp = torch.where(loss_mask, behav_logp, torch.zeros_like(behav_logp))
     return Rollout(tokens, loss_mask, behav_logp, torch.tensor(rewards, dtype=torch.float32), resp_len, P + resp_len)
 

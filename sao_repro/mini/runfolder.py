@@ -19,7 +19,7 @@ from ..files import write_atomic
 from ..safeload import load_state
 from ..runlog import log_event  # one events.log format for both backends
 from ..runlog import event_line_ok, parse_record, repair_lines, utf8_name, valid_step
-from .config import MiniRunConfig
+from .config import INPUT_PATHS, MiniRunConfig
 
 # %% auto #0
 __all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
@@ -109,10 +109,16 @@ def check_fresh(run_dir: Path, overwrite: bool = False):
                              "(resume=True), or start over with --overwrite (overwrite=True: deletes its metrics, "
                              "events and checkpoints)")
 
+def _same(key: str, old, new) -> bool:
+    "Equal values; an input path also when both name the same file (written relative before, absolute now)."
+    if key in INPUT_PATHS and isinstance(old, str) and isinstance(new, str):
+        return Path(old).expanduser().resolve() == Path(new).expanduser().resolve()
+    return old == new
+
 def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
     "Options of `cfg` that differ from the checkpoint's `saved` config and change results."
     return [{"key": k, "old": saved[k], "new": v} for k, v in asdict(cfg).items()
-            if k not in RESUME_FREE and k in saved and saved[k] != v]
+            if k not in RESUME_FREE and k in saved and not _same(k, saved[k], v)]
 
 # %% ../../nbs/29_mini.runfolder.ipynb #d8b8cc02
 def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | None, dict | None]:

@@ -24,6 +24,7 @@ from .train import MiniRunConfig
 from ..configfile import load_yaml_bounded
 from ..stats import paired_effect
 from .runfolder import run_state
+from .inputs import check_inputs, resolve_inputs
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
 from .summary import format_phenomena, format_results, json_ready, knob_effects, phenomena, point_summary, study_tables
 
@@ -108,7 +109,7 @@ def point_label(point: dict) -> str:
 
 # %% ../../nbs/33_mini.sweep.ipynb #ee39b43a
 def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
-    "One job per point x setting x seed: its folders, overrides and state."
+    "One job per point x setting x seed: its folders, overrides (input paths made absolute, from the current folder) and state."
     root = Path(out).resolve() / "sweeps" / sc.name
     jobs = []
     for point in sc.points():
@@ -117,7 +118,7 @@ def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
             for k in sc.seeds:
                 run_dir = root / label / "mini" / s / f"seed{k}"
                 jobs.append({"label": label, "point": point, "setting": s, "seed": k, "out": str(root / label),
-                             "run_dir": run_dir, "overrides": {**sc.base, **point}, "state": run_state(run_dir, sc.steps)})
+                             "run_dir": run_dir, "overrides": resolve_inputs({**sc.base, **point}), "state": run_state(run_dir, sc.steps)})
     return jobs
 
 # %% ../../nbs/33_mini.sweep.ipynb #36744999
@@ -178,6 +179,13 @@ def sweep_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, yaml.YAMLError) as e:
         print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
         return 2
+    jobs = sweep_jobs(sc, a.out)
+    todo = [j for j in jobs if j["state"] != "done"]
+    try:  # the input files of the runs to come (critic_init), read once each, before any run or folder
+        check_inputs(make_config(j["setting"], j["seed"], sc.steps, overrides=j["overrides"]) for j in todo)
+    except (ValueError, OSError) as e:
+        print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
+        return 2
     if a.ray is not None:  # a cluster that is not there is named before any run starts
         from sao_repro.mini.cluster import ray_problem
         problem = ray_problem(a.ray)
@@ -186,8 +194,6 @@ def sweep_main(argv: list[str] | None = None) -> int:
             return 2
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
-    jobs = sweep_jobs(sc, a.out)
-    todo = [j for j in jobs if j["state"] != "done"]
     print(f"sweep {sc.name}: {len(sc.points())} points x {len(sc.settings)} settings x {len(sc.seeds)} seeds = {len(jobs)} runs; "
           f"{len(jobs) - len(todo)} finished (skipped), {sum(j['state'] == 'partial' for j in todo)} to resume")
     t0 = time.time()

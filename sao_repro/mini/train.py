@@ -25,7 +25,7 @@ from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
 from ..files import file_sha256
-from ..runlog import RunFolderBusy, lock_run_dir  # RunFolderBusy: re-exported
+from ..runlog import RunFolderBusy, is_oom, lock_run_dir, log_failure  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
@@ -377,9 +377,12 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
     except RunInterrupted:
         raise
     except BaseException as e:
-        full = disk_full(e, run_dir)
+        full = not is_oom(e) and disk_full(e, run_dir)
         try:
-            log_event(run_dir, "disk_full" if full else "error", step=tr.step + 1, error=f"{type(e).__name__}: {e}"[:300])
+            if full:
+                log_event(run_dir, "disk_full", step=tr.step + 1, error=f"{type(e).__name__}: {e}"[:300])
+            else:  # out of memory: an `oom` event, else `error` (the health flags read them)
+                log_failure(run_dir, e, step=tr.step + 1)
         except OSError:
             pass  # the disk may have no room even for this line
         if full:

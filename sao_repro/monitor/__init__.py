@@ -19,6 +19,7 @@ from pathlib import Path
 from socketserver import StreamRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 from fastcore.basics import patch
+from ..metrics.runs import may_read_below
 from .data import MonitorState, jsonable
 from .page import CHARTS, CSS, JS, PAGE, SMOOTH_STEPS, STATIC, render_page
 from ..stopping import serve_until_interrupted
@@ -146,7 +147,7 @@ def _serve_file(self:MonitorHandler, rel:str):
     p = safe_path(self.server.state.root, rel)
     if p is None:
         return self._error(403, "path outside the logs folder")
-    if not p.is_file():
+    if not may_read_below(self.server.state.root, p) or not p.is_file():  # what its user may not read does not exist here
         return self._error(404, "no such file")
     with open(p, "rb") as f:
         size = f.seek(0, os.SEEK_END)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from fastcore.basics import patch
 from ..metrics import RunStore
+from ..metrics.runs import may_read, may_read_below
 from ..runlog import utf8_name
 
 # %% auto #0
@@ -65,8 +66,10 @@ class MonitorState:
         try:
             if not (force or self.store.loading or time.monotonic() - self.last >= self.refresh_s):
                 return
-            new = self.store.new_readers()
-            with self.lock:
+            new = {n: r for n, r in self.store.new_readers().items() if self._servable(r)}
+            with self.lock:  # a run whose folder (or one above it) was closed since is dropped, read again if reopened
+                for n in [n for n, r in self.store.readers.items() if not self._servable(r)]:
+                    del self.store.readers[n]
                 self.store.readers.update(new)
             left = self.max_read_bytes
             while left > 0:
@@ -78,6 +81,10 @@ class MonitorState:
             self.last = time.monotonic()
         finally:
             self.read_lock.release()
+
+    def _servable(self, reader) -> bool:
+        "The run's folder, and every folder from the logs folder down to it, may be read by this process's user."
+        return may_read_below(self.root, reader.dir)
 
     def rescan(self):
         "Admin: drop every cached reader and read all runs again from the start."
@@ -91,8 +98,8 @@ class MonitorState:
 def _files(self:MonitorState, reader) -> list[str]:
     try:
         rel = reader.dir.resolve().relative_to(self.root)
-        return sorted((rel/p.name).as_posix() for p in reader.dir.iterdir()
-                      if p.is_file() and not p.is_symlink() and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt")
+        return sorted((rel/p.name).as_posix() for p in reader.dir.iterdir() if p.is_file() and not p.is_symlink()
+                      and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt") and may_read(p)
                       and utf8_name(p, "file"))  # a name that is not UTF-8 cannot be listed as text
     except (OSError, ValueError):
         return []
@@ -102,7 +109,7 @@ def runs(self:MonitorState) -> list[dict]:
     "The `/api/runs` payload."
     self.refresh()
     with self.lock:
-        infos = self.store.infos(self.stall_minutes)
+        infos = [i for i in self.store.infos(self.stall_minutes) if self._servable(self.store.readers[i["run"]])]
         for i in infos:
             i["files"] = self._files(self.store.readers[i["run"]])
     return infos
@@ -114,7 +121,7 @@ def metrics(self:MonitorState, run:str, names:list[str]|None=None, max_points:in
     self.refresh()
     with self.lock:
         r = self.store.readers.get(run)
-        if r is None:
+        if r is None or not self._servable(r):
             return None
         info = r.info(self.stall_minutes)
         steps = sorted(r.steps)

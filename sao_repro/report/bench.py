@@ -12,7 +12,6 @@ import io
 import json
 import math
 import random
-import sys
 import tempfile
 import time
 from dataclasses import asdict
