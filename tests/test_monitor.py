@@ -126,6 +126,21 @@ def test_numbers_no_float_holds_and_names_not_utf8_neither_drop_nor_hide(server,
     assert code == 200 and strict_json(body)["metrics"]["acc"]["step"] == [1, 2, 3, 5, 6]
 
 
+def test_a_logs_folder_whose_path_is_not_utf8_is_served(tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    root = os.fsdecode(os.fsencode(tmp_path) + b"/r\xffuns")
+    write_run(root, "sao", 0)
+    srv = serve_in_thread(root, port=0, refresh_s=0.0)
+    try:
+        code, body, _ = request(srv, "/")
+        assert code == 200 and "r\ufffduns" in body.decode("utf-8")  # the byte shown as U+FFFD, the page still served
+        code, body, _ = request(srv, "/api/runs")
+        assert code == 200 and [r["run"] for r in strict_json(body)] == ["mini/sao/seed0"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_page_static_and_no_cdn(server):
     code, body, headers = request(server, "/")
     assert code == 200 and b"sao-repro monitor" in body and b"static/monitor.js" in body

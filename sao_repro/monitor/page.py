@@ -67,9 +67,13 @@ STATIC = {"monitor.js": ("text/javascript; charset=utf-8", JS), "monitor.css": (
 SMOOTH_STEPS = 20  # default EMA span of the page: the trend as a line, the raw points faint behind it
 
 # %% ../../nbs/66_monitor.page.ipynb #d8f1ba6a
+def _shown(root) -> str:
+    "The folder's path as text: a byte that is not UTF-8 shown as U+FFFD."
+    return str(root).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
 def render_page(root:Path, key:str|None) -> str:
     "The HTML page; a key that came in the page's `?key=` is passed on to its script and style links."
     q = "?key=" + quote(key, safe="") if key else ""
     charts = json.dumps(CHARTS).replace("<", "\\u003c")
-    page = PAGE.replace("{q}", html.escape(q)).replace("{root}", html.escape(str(root))).replace("{charts}", charts)
+    page = PAGE.replace("{q}", html.escape(q)).replace("{root}", html.escape(_shown(root))).replace("{charts}", charts)
     return page.replace("{colors}", json.dumps(SETTING_COLORS)).replace("{smooth}", str(SMOOTH_STEPS))

@@ -34,8 +34,8 @@ from .render import (
 from .docs import build_docs, check_quarto_yml, quarto_files as _yml_files
 
 # %% auto #0
-__all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'write_numbers',
-           'sweep_result_files', 'render_report', 'report_parser', 'report_main']
+__all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'text_path',
+           'write_numbers', 'sweep_result_files', 'render_report', 'report_parser', 'report_main']
 
 # %% ../../nbs/76_report.ipynb #2b7fc3a6
 INPUT_FILES = ("metrics.jsonl", "config.json", "main.log", "merged.log")
@@ -85,6 +85,17 @@ def _source_files() -> list[str]:
     mods = ("report", "report.tables", "report.text", "report.figures", "report.render", "stats", "metrics")
     return [importlib.import_module(f"sao_repro.{m}").__file__ for m in mods]
 
+def text_path(p, # a path the report is given
+              flag:str, # the option that gave it, for the error
+             ) -> Path:
+    "`p`, or a ValueError naming it when its absolute path is not UTF-8 (the report passes every path on as text)."
+    try:
+        str(Path(p).resolve()).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{flag} {os.fsencode(p)!r}: the path is not UTF-8; rename it (or the folder above it whose name "
+                         "is not) and build the report again") from None
+    return Path(p)
+
 def write_numbers(runs, path:Path, start_steps:int=50, end_steps:int=50,
                   loaded:tuple|None=None, # `load_runs(runs)` when already loaded
                  ) -> pd.DataFrame:
@@ -112,7 +123,7 @@ def render_report(runs="runs", # runs folder
                   log=print) -> dict:
     "Build the report from `runs` into `out`; returns the output paths and whether they were reused."
     formats, note = report_formats(formats)  # a PDF asked for without Chromium fails here, before anything is built
-    runs, out = Path(runs), Path(out)
+    runs, out = text_path(runs, "--runs"), text_path(out, "--out")
     nb = Path(notebook) if notebook else find_report_notebook()
     if not find_runs(runs):
         load_runs(runs)  # a missing folder: its error names it
@@ -209,8 +220,11 @@ def report_main(argv:list[str]|None=None) -> int:
                              ("--sweeps", a.sweeps and display_path(a.sweeps, base), None)):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
     try:
+        for flag, v in (("--runs", a.runs), ("--out", a.out), ("--sweeps", a.sweeps), ("--notebook", a.notebook)):
+            if v:
+                text_path(v, flag)
         check_output_dir(a.out, "--out")
-    except OutputPathError as e:
+    except (OutputPathError, ValueError) as e:
         print(f"sao-repro report: error: {e}", file=sys.stderr)
         return 2
     try:
