@@ -19,12 +19,12 @@ from ..checks import port_arg
 from .launch import ray_running, stop_ray_session  # ray_running: importable from here as before
 from .tiny import tiny_assets
 # the plan, the server processes, one run and the benchmark live in their own modules; importable from here as before
-from .rehearsal_plan import (AREAL_CPU_DEPS, ENGINE_DTYPES, ENGINES, OVERLAY, SCHEDULERS, STAND_IN_ENGINE,
+from .rehearsal.plan import (AREAL_CPU_DEPS, ENGINE_DTYPES, ENGINES, OVERLAY, SCHEDULERS, STAND_IN_ENGINE,
                                             RehearsalError, RehearsalRun, check_resume_matches, check_run_dir, missing_deps,
                                             overlay_trajectories, plan)
-from .vllm_process import VLLMServer, wait_healthy
-from .rehearsal_run import STEP_RE, engine_agreement, ensure_ray, run_one
-from .rehearsal_bench import PHASES, bench_rehearsal, bench_rehearsal_main, phase_seconds
+from .rehearsal.server import VLLMServer, wait_healthy
+from .rehearsal.run import STEP_RE, engine_agreement, ensure_ray, run_one
+from .rehearsal.bench import PHASES, bench_rehearsal, bench_rehearsal_main, phase_seconds
 
 # %% ../../nbs/44d_areal.rehearse.ipynb #312e83aa
 def rehearse_parser() -> argparse.ArgumentParser:
