@@ -24,7 +24,7 @@ BENCHES: dict[str, str] = {
     "sweep": "sao_repro.mini.bench:sweep_main",
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
-    "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal_main",
+    "rehearsal": "sao_repro.areal.rehearsal.bench:bench_rehearsal_main",
 }
 
 def timeit(fn, repeat:int=5, warmup:int=1) -> float:
