@@ -25,6 +25,7 @@ from ..stopping import RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import run_state
+from .rayconnect import RayUnavailable, ray_problem
 from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
 
 # the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
@@ -359,8 +360,7 @@ def compare_main(argv: list[str] | None = None) -> int:
     if a.ray is not None and a.backend != "mini":
         print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
         return 2
-    if a.ray is not None:  # a cluster that is not there is named before any run starts
-        from sao_repro.mini.cluster import ray_problem
+    if a.ray is not None:  # a cluster that is not there, or not Ray, is named before any run starts
         problem = ray_problem(a.ray)
         if problem:
             print(f"sao-repro compare: {problem}", file=sys.stderr)
@@ -380,6 +380,9 @@ def compare_main(argv: list[str] | None = None) -> int:
                 if a.backend == "mini" and todo:
                     prebuild_warm_start(a, ov)
                 failed = _compare_local(a, ov, nb, todo, bar)
+    except RayUnavailable as e:  # Ray answered the check but refused the connection
+        print(f"\nsao-repro compare: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
         print(f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
               "resume: run the same command again", file=sys.stderr)
