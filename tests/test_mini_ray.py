@@ -73,6 +73,9 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
     import tempfile
+    from ray._common.utils import get_ray_address_file
+    record = Path(get_ray_address_file(None))  # Cluster writes this machine's Ray record, and deletes it at shutdown
+    before = record.read_text() if record.is_file() else None
     temp_root = tempfile.mkdtemp(prefix="sao-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     cluster, worker = start_cluster(Cluster, temp_root)
     sessions = {n: Path(n.get_session_dir_path()) for n in (cluster.head_node, worker)}
@@ -96,6 +99,8 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
         cluster.shutdown()
         import shutil
         shutil.rmtree(temp_root, ignore_errors=True)
+        if before is not None:  # as it was before the test
+            record.write_text(before)
     assert rc.get("rc") == 0
     nodes = set()
     for s in sweep["settings"]:

@@ -202,13 +202,17 @@ def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
                                include_dashboard=False, object_store_memory=150 * 1024**2, min_worker_port=0,
                                max_worker_port=0, **free_ports())
             try:
-                return {"node": Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True),
-                        "warden": warden, "folder": folder}
+                node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
             except Exception:  # noqa: BLE001 -- "The current node timed out during startup": its processes go, then again
                 stop_instance(folder, spare=(os.getpid(), warden.pid))
                 os.makedirs(f"{folder}/tmp", exist_ok=True)
                 if attempt == tries - 1:
                     raise
+                continue
+            if warden.poll() is not None:  # nothing would stop the instance if this process were killed
+                raise RuntimeError(f"the warden of the private Ray instance exited ({warden.returncode}): run "
+                                   f"`{sys.executable} -c 'import sao_repro.mini.rayconnect'` to see why")
+            return {"node": node, "warden": warden, "folder": folder}
     except BaseException:
         _stop_warden(warden, folder)
         raise
@@ -220,9 +224,11 @@ def _stop_warden(warden: subprocess.Popen, folder: str):
     "Tell the warden to finish (it stops what is left of the instance and removes its folder) and wait for it."
     warden.stdin.close()
     try:
-        warden.wait(60)
-    except subprocess.TimeoutExpired:  # it is stuck: do its work here
+        done = warden.wait(60) == 0
+    except subprocess.TimeoutExpired:
         warden.kill()
+        done = False
+    if not done:  # it was stuck, or gone before its time: its work is done here
         stop_instance(folder)
 
 def stop_local_ray(inst: dict):
