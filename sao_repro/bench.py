@@ -25,7 +25,7 @@ BENCHES: dict[str, str] = {
     "reward": "sao_repro.reward:bench_reward",
     "metrics": "sao_repro.metrics:bench_metrics",
     "report": "sao_repro.report.bench:main",
-    "rehearsal": "sao_repro.areal.rehearse:bench_rehearsal_main",
+    "rehearsal": "sao_repro.areal.rehearsal.bench:bench_rehearsal_main",
 }
 
 def timeit(fn, repeat:int=5, warmup:int=1) -> float:

@@ -296,8 +296,8 @@ def test_ray_probe_is_a_client_not_ray_status():
     from sao_repro.areal.launch import ray_running
     assert ray_running(run=hang, timeout_s=3) is False
     assert seen == [(RAY_PROBE, 3)] and "ray.init(address='auto'" in RAY_PROBE[-1]
-    from sao_repro.areal import rehearse
-    assert rehearse.ray_running is ray_running  # the rehearsal asks the same probe
+    from sao_repro.areal.rehearsal import run as rehearsal_run
+    assert rehearsal_run.ray_running is ray_running  # the rehearsal asks the same probe (ensure_ray)
 
 
 def test_areal_pins_live_in_one_file():

@@ -1,5 +1,6 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
-local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node."""
+local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node. `--ray local`
+listens on loopback only and leaves nothing behind however its driver ends; `--ray ADDRESS` must answer as Ray."""
 import json
 import re
 import threading
@@ -10,7 +11,9 @@ import pytest
 import yaml
 
 from sao_repro.mini.cli import find_run_notebook, make_config, run_params, run_setting
-from sao_repro.mini.cluster import ATTEMPTS_FILE, free_ports, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.cli import compare_main
+from sao_repro.mini.cluster import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.rayconnect import free_ports
 from sao_repro.mini.runfolder import run_state
 from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import read_metrics
@@ -70,6 +73,9 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
     import tempfile
+    from ray._common.utils import get_ray_address_file
+    record = Path(get_ray_address_file(None))  # Cluster writes this machine's Ray record, and deletes it at shutdown
+    before = record.read_text() if record.is_file() else None
     temp_root = tempfile.mkdtemp(prefix="sao-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     cluster, worker = start_cluster(Cluster, temp_root)
     sessions = {n: Path(n.get_session_dir_path()) for n in (cluster.head_node, worker)}
@@ -93,6 +99,8 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
         cluster.shutdown()
         import shutil
         shutil.rmtree(temp_root, ignore_errors=True)
+        if before is not None:  # as it was before the test
+            record.write_text(before)
     assert rc.get("rc") == 0
     nodes = set()
     for s in sweep["settings"]:
@@ -181,7 +189,6 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
     "RAY_ADDRESS as a cluster job gets it): the runs execute there and equal local runs bit for bit; the head is stopped after."
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import tempfile
@@ -190,16 +197,15 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
     cfg = tmp_path / "auto.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, client_port = free_ports()["metrics_agent_port"], free_ports()["metrics_agent_port"]
     temp = tempfile.mkdtemp(prefix="sao-rs-", dir="/tmp")  # short: Ray's socket paths live under it
     mark = f"sao-ray-start-{os.getpid()}-{time.time()}"
     # a private head without token auth (a token in ~/.ray, left by another cluster, would turn it on for the head only)
     env = {**os.environ, "SAO_RAY_START_TEST": mark, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
-                             f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false"],
+                             f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false",
+                             f"--ray-client-server-port={client_port}"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         seen, address = [], None
@@ -210,6 +216,12 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
             if "--block" in line:
                 break
         assert head.poll() is None and address and address.endswith(f":{port}"), "".join(seen)[-3000:]
+        from sao_repro.mini.rayconnect import ray_problem
+        assert ray_problem(address) is None  # the GCS answers as Ray
+        client, t0 = f"ray://{address.rpartition(':')[0]}:{client_port}", time.time()
+        while ray_problem(client) and time.time() - t0 < 60:  # the client server starts after `ray start` returns
+            time.sleep(1)
+        assert ray_problem(client) is None  # and so does its Ray Client server
         r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray"],
                            env={**env, "RAY_ADDRESS": address, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
                            capture_output=True, text=True, timeout=600)
@@ -286,3 +298,161 @@ def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_pat
             assert modes[d][ATTEMPTS_FILE] == modes[ref]["events.log"]
     res, want = (json.loads((tmp_path / x / "sweeps" / "warm" / "results.json").read_text()) for x in ("ray", "local"))
     assert res["points"] == want["points"]
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _instance(mark):
+    "pid -> (command line, listening IPs) of every live process whose environment carries `mark` (zombies left out)."
+    import psutil
+    out = {}
+    for pid in _marked(mark):
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out[pid] = (" ".join(p.cmdline()), {c.laddr.ip for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN})
+        except psutil.Error:  # gone meanwhile
+            pass
+    return out
+
+
+def _local_sweep(tmp_path, name, seeds, steps, record):
+    "`sao-repro sweep --ray local` started with a private TMPDIR (its Ray record is `record`, or none) and a mark in its environment."
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    sweep = {"name": name, "settings": ["single_dis"], "seeds": seeds, "steps": steps, "window": 2, "base": SMOKE}
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(sweep))
+    tmp = Path(tempfile.mkdtemp(prefix="sao-t", dir="/tmp"))  # short: Ray's socket paths live under it
+    if record is not None:
+        (tmp / "ray").mkdir()
+        (tmp / "ray" / "ray_current_cluster").write_text(record)
+    mark = f"sao-local-{os.getpid()}-{time.time()}"
+    env = {**os.environ, "SAO_LOCAL_RAY_TEST": mark, "TMPDIR": str(tmp), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True), mark, tmp
+
+
+def _while_a_run_runs(p, mark, wait=400):
+    "The instance's processes once one of its workers executes a run (the driver still running)."
+    t0 = time.time()
+    while time.time() - t0 < wait and p.poll() is None:
+        inst = _instance(mark)
+        if any(cmd.startswith("ray::run_task") for cmd, _ in inst.values()):
+            return inst
+        time.sleep(0.5)
+    raise AssertionError(f"no run started (exit {p.poll()}): {p.stderr.read()[-2000:] if p.poll() is not None else ''}")
+
+
+def _ray_left_in(tmp):
+    "What a Ray instance or its runs left in the temp folder `tmp`: instance and run folders, Ray's own folder."
+    return sorted(str(q.relative_to(tmp)) for q in Path(tmp).rglob("*") if q.relative_to(tmp).parts[0].startswith(("sao-ray", "ray")))
+
+
+@pytest.mark.slow
+def test_a_local_ray_sweep_listens_on_loopback_only_and_leaves_nothing(tmp_path):
+    "During `sweep --ray local` every listening socket of the driver, the instance and its workers is on loopback; when "
+    "it ends no process of it is left, its folders are gone and the machine's Ray record is as it was."
+    import os
+    import shutil
+    import signal
+    pytest.importorskip("ray")
+    p, mark, tmp = _local_sweep(tmp_path, "lo", seeds=2, steps=4, record="10.255.0.1:6379")
+    try:
+        inst = _while_a_run_runs(p, mark)
+        listening = {cmd.split()[0].rsplit("/", 1)[-1]: ips for cmd, ips in inst.values() if ips}
+        assert {"gcs_server", "raylet", "ray::run_task"} <= set(listening), listening  # the check is not vacuous
+        assert all(ips <= LOOPBACK for ips in listening.values()), listening
+        sessions = {d for d in Path(tmp).glob("sao-ray-*/session_2*")}
+        assert len(sessions) == 1  # the instance's session, in its own folder
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert _instance(mark) == {}  # nothing of it outlives the command: servers, agents, workers, the warden
+        assert _ray_left_in(tmp) == ["ray", "ray/ray_current_cluster"]  # its folders are gone
+        assert (Path(tmp) / "ray" / "ray_current_cluster").read_text() == "10.255.0.1:6379"
+        root = tmp_path / "out" / "sweeps" / "lo" / "base" / "mini" / "single_dis"
+        assert all(run_state(root / f"seed{k}", 4) == "done" for k in range(2))
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_local_ray_instance_goes_when_its_driver_is_killed(tmp_path):
+    "kill -9 of `sweep --ray local` mid-run (as a watchdog would): its Ray processes, agents and run kernels go within "
+    "seconds (Ray's own agents alone linger about a minute), its folders are removed, and no Ray record is written."
+    import os
+    import shutil
+    import signal
+    pytest.importorskip("ray")
+    p, mark, tmp = _local_sweep(tmp_path, "kill", seeds=1, steps=8, record=None)
+    try:
+        inst = _while_a_run_runs(p, mark)
+        agents = [cmd for cmd, _ in inst.values() if "DashboardAgent" in cmd or "dashboard/agent.py" in cmd]
+        assert agents and len(inst) >= 8, inst  # the agents Ray alone would leave running for about a minute
+        os.kill(p.pid, signal.SIGKILL)  # the driver alone
+        p.wait(30)
+        t0 = time.time()
+        while (_instance(mark) or _ray_left_in(tmp)) and time.time() - t0 < 30:
+            time.sleep(0.5)
+        assert _instance(mark) == {}
+        assert _ray_left_in(tmp) == []  # the instance's folder and the run's private folder are gone; no record was made
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _NotRay:
+    "A plain HTTP server (every request answered 404) on `host` in a thread."
+    def __init__(self, host):
+        import http.server
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_error(404)
+
+            def log_message(self, *a):
+                pass
+        self.srv = http.server.ThreadingHTTPServer((host, 0), H)
+        self.address = f"{host}:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize("command", ["sweep", "compare"])
+def test_an_address_that_is_not_ray_is_refused_before_any_run(tmp_path, capsys, monkeypatch, command):
+    "`--ray HOST:PORT` and `--ray ray://HOST:PORT` at a plain HTTP server (on 127.0.0.1, and on the address Ray rewrites "
+    "127.0.0.1 into): exit 2 within seconds, one line naming the address and what to do, no traceback, no run started."
+    pytest.importorskip("ray")
+    from ray._private.services import get_node_ip_address
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "n", "settings": ["single_dis"], "seeds": 1, "steps": 2, "base": SMOKE}))
+    servers = [_NotRay("127.0.0.1"), _NotRay(get_node_ip_address())]
+    try:
+        for srv in servers:
+            for address in (srv.address, f"ray://{srv.address}"):
+                out = tmp_path / "o" / address.replace(":", "_").replace("/", "_")
+                argv = ([str(cfg), "--out", str(out), "--ray", address] if command == "sweep" else
+                        ["--settings", "single_dis", "--seeds", "1", "--steps", "2", "--smoke", "--out", str(out), "--ray", address])
+                t0 = time.time()
+                rc = (sweep_main if command == "sweep" else compare_main)(argv)
+                took, err = time.time() - t0, capsys.readouterr().err
+                assert rc == 2 and took < 30, (address, rc, took, err)
+                assert err.count("\n") == 1 and "Traceback" not in err, err
+                assert f"--ray {address}: no Ray cluster answers at {address}" in err and "ray start --head" in err
+                if srv is servers[1] or address.startswith("ray://"):  # reached, and found not to be Ray
+                    assert "HTTP/2" in err, err
+                assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
+    finally:
+        for srv in servers:
+            srv.close()

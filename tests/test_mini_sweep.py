@@ -160,3 +160,13 @@ def test_smoke_sweep_end_to_end_skips_and_resumes(tmp_path, capsys):
     assert events[-2:] == ["checkpoint", "finish"] and "resume" in events
     assert strip_perf(read_metrics(noisy)) == strip_perf(first)  # resumed exactly
     assert json.loads((root / "results.json").read_text())["points"] == res["points"]
+
+
+def test_a_narrow_critic_starts_the_same_whether_the_warm_start_was_built_or_read(tmp_path, monkeypatch):
+    "The critic's random initialisation does not depend on whether this process built the warm start or read it."
+    monkeypatch.setenv("SAO_REPRO_CACHE", str(tmp_path / "cache"))  # empty: the first trainer builds the warm start
+    cfg = smoke_cfg("sao", tmp_path / "a", critic_width=16)
+    built, read = MiniTrainer(cfg, log=None), MiniTrainer(cfg, log=None)
+    assert read.start_meta == built.start_meta
+    a, b = built.critic.model.state_dict(), read.critic.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

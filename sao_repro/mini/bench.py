@@ -234,18 +234,19 @@ def sweep_main(argv:list[str]|None=None) -> int:
 # %% ../../nbs/34_mini.bench.ipynb #456d1e48
 def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
     from sao_repro.mini.cli import make_config
-    from sao_repro.mini.cluster import ray_connect, start_blobs
+    from sao_repro.mini.cluster import start_blobs
+    from sao_repro.mini.rayconnect import ray_connect, ray_disconnect
     from sao_repro.mini.sweep import load_sweep
     sc = load_sweep(cfg)
     start_blobs([make_config(s, 0, sc.steps, overrides=sc.base) for s in sc.settings], log=None)  # built before timing
     local = _timed_sweep(cfg, td / "local", ["--jobs", str(cpus)])
     t = time.perf_counter()
-    ray = ray_connect("local", num_cpus=cpus)
+    ray_connect("local", num_cpus=cpus)
     ray_start = time.perf_counter() - t
     try:
         on_ray = _timed_sweep(cfg, td / "ray", ["--ray", "local"])
     finally:
-        ray.shutdown()
+        ray_disconnect()  # the private instance goes away whole
     per = lambda w: w * cpus / n
     return [{"path": f"local pool (--jobs {cpus})", "wall_s": local, "cpu_s_per_run": per(local), "ratio": 1.0},
             {"path": "Ray tasks (--ray)", "wall_s": on_ray, "cpu_s_per_run": per(on_ray), "ratio": on_ray / local},

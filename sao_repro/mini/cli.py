@@ -26,6 +26,7 @@ from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import checkpoints, run_state
 from .inputs import check_inputs, fit_knobs, resolve_inputs
+from .rayconnect import RayUnavailable, ray_problem
 from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
 
 # the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
@@ -373,8 +374,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:  # the knobs left out for some settings, and why
         print(note)
-    if a.ray is not None:  # a cluster that is not there is named before any run starts
-        from sao_repro.mini.cluster import ray_problem
+    if a.ray is not None:  # a cluster that is not there, or not Ray, is named before any run starts
         problem = ray_problem(a.ray)
         if problem:
             print(f"sao-repro compare: {problem}", file=sys.stderr)
@@ -394,6 +394,9 @@ def compare_main(argv: list[str] | None = None) -> int:
                 if a.backend == "mini" and todo:
                     prebuild_warm_start(a, ovs[a.settings[0]])
                 failed = _compare_local(a, ovs, nb, todo, bar)
+    except RayUnavailable as e:  # Ray answered the check but refused the connection
+        print(f"\nsao-repro compare: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
         print(f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
               "resume: run the same command again", file=sys.stderr)

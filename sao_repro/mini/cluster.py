@@ -20,10 +20,10 @@ from ..nbrun import run_notebook
 from .inputs import inputs_key, pack_inputs, unpack_inputs
 from .model import cache_root, start_key, warm_start
 from .runfolder import check_fresh, run_state
+from .rayconnect import free_ports, ray_connect, ray_connected, ray_disconnect, ray_problem  # noqa: F401
 
 # %% auto #0
-__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'free_ports', 'ray_problem', 'ray_connect',
-           'ray_disconnect', 'run_on_ray']
+__all__ = ['ATTEMPTS_FILE', 'pack_dir', 'unpack_into', 'start_blobs', 'run_task', 'run_on_ray']
 
 # %% ../../nbs/24_mini.cluster.ipynb #349ba222
 def pack_dir(d) -> bytes:
@@ -97,97 +97,12 @@ def run_task(notebook: str, # the run notebook's text
 
 # %% ../../nbs/24_mini.cluster.ipynb #3f38c04b
 ATTEMPTS_FILE = "ray_attempts.jsonl"
-_LOCAL = []  # the private instance of `--ray local`, while it runs
-
-def free_ports() -> dict:
-    "Free ports for a node's agents (metrics, metrics export, dashboard agent, runtime env agent), chosen up front."
-    import socket
-    out = {}
-    for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out[name] = s.getsockname()[1]
-    return out
-
-_NO_RAY = "--ray needs Ray on this machine and on every node: pip install 'ray[default]' (or the package's cluster extra)"
-
-def _ray_target(address: str) -> str | None:
-    "The host:port `--ray address` points at (None: `local`, a `ray://` client address, or `auto` with no cluster on record)."
-    if address == "auto":
-        env = os.environ.get("RAY_ADDRESS", "")
-        if env and env != "auto":
-            address = env
-        else:  # where `ray start` on this machine records its cluster
-            f = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
-            return (f.read_text().strip() or None) if f.is_file() else None
-    return None if address == "local" or address.startswith("ray://") else address
-
-def ray_problem(address: str, # `--ray`: auto, an address, or local
-                timeout: float = 10.0, # seconds to wait for the cluster's port
-               ) -> str | None:
-    "Why `--ray address` cannot be used, in one sentence that says what to do; None when it can."
-    import socket
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return _NO_RAY
-    target = _ray_target(address)
-    if address == "auto" and target is None and not os.environ.get("RAY_ADDRESS"):
-        return ("--ray auto: no Ray cluster on record on this machine (none started with `ray start`, RAY_ADDRESS "
-                "unset): start one with `ray start --head`, give its address (--ray HOST:6379), or use --ray local")
-    if target is not None:  # Ray itself would wait minutes on an address nothing answers at
-        host, _, port = target.rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout).close()
-        except (OSError, ValueError) as e:
-            return (f"--ray {address}: no Ray cluster answers at {target} ({e}); start it (`ray start --head` on its "
-                    "head node) or give the address it printed (--ray HOST:6379, or RAY_ADDRESS)")
-    return None
-
-def ray_connect(address: str = "auto", num_cpus: int | None = None):
-    "Connect this process to Ray (`local`: start a private instance); workers import the same sao_repro."
-    problem = ray_problem(address)
-    if problem:
-        raise RuntimeError(problem)
-    import ray
-    import sao_repro
-    if ray.is_initialized():
-        return ray
-    root = str(Path(sao_repro.__file__).resolve().parent.parent)
-    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
-    kw = dict(runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False, configure_logging=False)
-    if address != "local":
-        ray.init(address=address, **kw)
-        return ray
-    from ray.cluster_utils import Cluster
-    for attempt in range(3):  # a node start can still time out on a loaded machine: its processes are stopped, retried
-        cluster = None
-        try:  # agent ports chosen up front: a raylet waiting for its agents to write them times out on a loaded machine
-            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": num_cpus or os.cpu_count(),
-                                                                    "include_dashboard": False, **free_ports()})
-            ray.init(address=cluster.address, **kw)
-            _LOCAL.append(cluster)
-            return ray  # the instance's processes stop when this process exits, or at `ray_disconnect`
-        except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
-            ray.shutdown()
-            if cluster is not None:
-                cluster.shutdown()
-            if attempt == 2:
-                raise
 
 def _other_node(ray, node):
     "A scheduling strategy preferring an alive node other than `node` (soft: any node when there is none)."
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node and n["Resources"].get("CPU", 0) >= 1]
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(others[0], soft=True)} if others else {}
-
-def ray_disconnect():
-    "Disconnect from Ray and stop the private instance of `--ray local` (its workers and agents) if there is one."
-    import ray
-    ray.shutdown()
-    while _LOCAL:
-        _LOCAL.pop().shutdown()
-
 
 # %% ../../nbs/24_mini.cluster.ipynb #f5a66bd8
 def _record(run_dir: Path, r: dict, attempt: int):
@@ -208,7 +123,18 @@ def run_on_ray(notebook, # the run notebook
                log=print,
               ) -> list[tuple[dict, str]]:
     "Execute `jobs` as Ray tasks; the run folders come back here. Returns the failed (job, error)."
+    mine = not ray_connected()  # connected here: disconnected here too (a private instance then goes away)
     ray = ray_connect(address)
+    try:
+        return _run_all(ray, notebook, jobs, bar, retries, log)
+    except KeyboardInterrupt:
+        mine = True
+        raise
+    finally:
+        if mine:
+            ray_disconnect()
+
+def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
     task = ray.remote(num_cpus=1, max_retries=3)(run_task)
     nb_ref = ray.put(Path(notebook).read_text())
     starts = {k: ray.put((k, b)) for k, b in start_blobs([j["cfg"] for j in jobs], log=log).items()}
@@ -260,6 +186,5 @@ def run_on_ray(notebook, # the run notebook
     except KeyboardInterrupt:
         for ref in pending:  # runs in flight: their folders here are as before (resumable next time)
             ray.cancel(ref, force=True)
-        ray_disconnect()
         raise
     return failed

@@ -25,6 +25,7 @@ from ..configfile import load_yaml_bounded
 from ..stats import paired_effect
 from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
+from .rayconnect import RayUnavailable, ray_problem
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
 from .summary import format_phenomena, format_results, json_ready, knob_effects, phenomena, point_summary, study_tables
 
@@ -186,8 +187,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
         return 2
-    if a.ray is not None:  # a cluster that is not there is named before any run starts
-        from sao_repro.mini.cluster import ray_problem
+    if a.ray is not None:  # a cluster that is not there, or not Ray, is named before any run starts
         problem = ray_problem(a.ray)
         if problem:
             print(f"sao-repro sweep: {problem}", file=sys.stderr)
@@ -203,6 +203,9 @@ def sweep_main(argv: list[str] | None = None) -> int:
     try:
         with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
             failed = _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
+    except RayUnavailable as e:  # Ray answered the check but refused the connection
+        print(f"\nsao-repro sweep: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; their run folders are as they were
         print(f"\nsao-repro sweep: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
               "resume: run the same command again", file=sys.stderr)

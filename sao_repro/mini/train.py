@@ -67,8 +67,8 @@ class MiniTrainer:
     def __init__(self, cfg: MiniRunConfig, log=print):
         self.cfg, self.log = cfg, log
         self.setting: Setting = cfg.effective_setting()
-        torch.manual_seed(cfg.seed)
         self.policy, self.start_meta = warm_start(cfg.task(), cfg.model(), cfg.pretrain(), log=log)
+        torch.manual_seed(cfg.seed)  # after the warm start, which leaves another random state when it is built than when read
         self.behav = PolicyModel(cfg.model())
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
         self.critic = None
