@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import sao_repro.metrics as M
+import sao_repro.metrics.tail as tail
 from sao_repro.metrics.health import SAO_FLAGS
 from sao_repro.metrics import (COLUMNS, RunReader, collect_metrics, run_flags, scan_runs, smooth, summarize_runs,
                                summarize_settings, window)
@@ -76,7 +77,7 @@ def test_empty_and_missing(tmp_path):
 
 
 def test_overlong_line_is_skipped_and_counted(tmp_path, monkeypatch):
-    monkeypatch.setattr(M, "CHUNK", 1000)
+    monkeypatch.setattr(tail, "CHUNK", 1000)
     d = run_dir(tmp_path)
     big = b'{"step": 2, "junk": "' + b"x" * 5000 + b'"}\n'
     (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.1) + big + b"y" * 7000 + b"\n" + jl(step=3, acc=0.3))
@@ -91,7 +92,7 @@ def test_streams_in_chunks_without_loading_the_file(tmp_path, monkeypatch):
     d = run_dir(tmp_path)
     lines = b"".join(jl(step=i, acc=i / 1000, **{"reward/mean": 0.5}) for i in range(3000))
     (d / "metrics.jsonl").write_bytes(lines)
-    monkeypatch.setattr(M, "CHUNK", 97)   # lines straddle every chunk boundary
+    monkeypatch.setattr(tail, "CHUNK", 97)   # lines straddle every chunk boundary
     real_read_bytes, real_read_text = Path.read_bytes, Path.read_text
 
     def guard(fn):
