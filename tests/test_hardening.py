@@ -173,7 +173,7 @@ def test_compare_bad_counts_exit_2(bad, tmp_path, capsys):
 # ---------------------------------------------------------------- 4. prepare-math writes one set
 KILL_AFTER_FIRST_FILE = """
 import os, signal, sys
-import sao_repro.data as D
+import sao_repro.data.prepare as D  # prepare_math looks write_atomic up here
 write = D.write_atomic
 def write_then_die(path, data):
     write(path, data)
@@ -254,8 +254,9 @@ def test_verify_recreates_a_pool_broken_at_start_up_and_counts_it():
     while broken._impl._broken is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert broken._impl._broken, "the pool did not break"
-    with R._DEFAULT_LOCK:
-        R._DEFAULT.update(pool=broken, pid=os.getpid())
+    from sao_repro.reward import pool as P  # the process-wide pool lives in sao_repro.reward.pool
+    with P._DEFAULT_LOCK:
+        P._DEFAULT.update(pool=broken, pid=os.getpid())
     before = R.verify_stats()["reward/pool_rebuilds"]
     try:
         assert R.verify(r"so $\boxed{\frac{1}{2}}$", "0.5") == 1.0  # computed by a new pool, not a silent 0.0

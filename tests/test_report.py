@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sao_repro import report as R
+from sao_repro.report import build
 from sao_repro.metrics import collect_metrics, summarize_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,8 +170,8 @@ def test_rerender_with_unchanged_runs_is_reused(rendered, runs, monkeypatch, cap
     before = [p.stat().st_mtime_ns for p in outs]
     def boom(*a, **k):
         raise AssertionError("executed again")
-    monkeypatch.setattr(R, "execute_report", boom)
-    monkeypatch.setattr(R, "notebook_to_html", boom)
+    monkeypatch.setattr(build, "execute_report", boom)  # looked up by render_report in sao_repro.report.build
+    monkeypatch.setattr(build, "notebook_to_html", boom)
     for fmt in ("html", "html,pdf"):
         assert R.report_main(["--runs", runs.name, "--out", rendered.name, "--format", fmt, "--engine", "nbconvert"]) == 0
         assert "inputs unchanged, reused" in capsys.readouterr().out
@@ -208,7 +209,7 @@ def test_quarto_yml_parses_and_names_existing_files():
     cfg = yaml.safe_load((ROOT / "_quarto.yml").read_text())
     assert cfg["project"]["type"] == "website"
     assert cfg["project"]["output-dir"] == "_docs"  # nbdev's doc_path
-    files = R._yml_files(cfg)
+    files = R.quarto_files(cfg)
     assert "report/math_hard_report.ipynb" in files and any(f.startswith("nbs/") for f in files)
     for f in files:
         assert (ROOT / f).exists(), f
