@@ -25,17 +25,19 @@ list_advantages = ADVANTAGES.names
 ADVANTAGE_INPUTS = ("values", "group_size", "gamma", "lam", "baseline")
 
 # %% ../nbs/12_advantages.ipynb #6f040300
-def get_advantage(name:str) -> Callable:
+def get_advantage(name: str) -> Callable:
     """The estimator registered under `name` (an unknown name lists the valid ones), callable with any of the
     shared inputs `ADVANTAGE_INPUTS`: each estimator receives those it declares."""
     fn = ADVANTAGES.lookup(name)
     takes = set(inspect.signature(fn).parameters)
+
     @functools.wraps(fn)
     def call(rewards, loss_mask, **inputs):
         bad = sorted(set(inputs) - set(ADVANTAGE_INPUTS))
         if bad:
             raise TypeError(f"advantage inputs {bad} unknown; the shared inputs are {', '.join(ADVANTAGE_INPUTS)}")
         return fn(rewards, loss_mask, **{k: v for k, v in inputs.items() if k in takes})
+
     return call
 
 # %% ../nbs/12_advantages.ipynb #232e9bb5
@@ -45,19 +47,20 @@ def _check_adv_inputs(rewards, loss_mask):
     check_shape("rewards", rewards, (loss_mask.shape[0],))
     return rewards.float()
 
-def _on_tokens(per_seq:torch.Tensor, loss_mask:torch.Tensor) -> torch.Tensor:
+
+def _on_tokens(per_seq: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     "Broadcast a [B] tensor onto the action tokens of a [B, T] mask (0 elsewhere)."
     return torch.where(loss_mask, per_seq[:, None].to(torch.float32), torch.zeros(()))
 
 # %% ../nbs/12_advantages.ipynb #29c88235
 @register_advantage("gae")
 def gae_advantages(
-    rewards:torch.Tensor, # [B] outcome reward per sequence
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
+    rewards: torch.Tensor,  # [B] outcome reward per sequence
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
     *,
-    values:torch.Tensor|None=None, # [B, T] critic values (required)
-    gamma:float=1.0, # discount
-    lam:float|torch.Tensor=1.0, # GAE lambda, float or [B]
+    values: torch.Tensor | None = None,  # [B, T] critic values (required)
+    gamma: float = 1.0,  # discount
+    lam: float | torch.Tensor = 1.0,  # GAE lambda, float or [B]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Critic advantages: `skip_obs_gae` with each row's outcome reward r on its last action token.
 
@@ -68,22 +71,26 @@ def gae_advantages(
     Shapes: rewards [B], loss_mask, values [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     if values is None:
-        raise ValueError("the 'gae' estimator needs critic `values` [B, T]; use a setting with a critic "
-                         "or another estimator (grpo, batch_norm, running_mean)")
+        raise ValueError(
+            "the 'gae' estimator needs critic `values` [B, T]; use a setting with a critic "
+            "or another estimator (grpo, batch_norm, running_mean)"
+        )
     return skip_obs_gae(sequence_reward_to_tokens(r, loss_mask), values.float(), loss_mask, gamma, lam)
 
 # %% ../nbs/12_advantages.ipynb #fbdc05d6
 GRPO_STD_EPS = 1e-6  # a group (or batch) whose reward std is at most this carries no signal: advantage 0
 
-def _normalize(r:torch.Tensor, eps:float=GRPO_STD_EPS) -> torch.Tensor:
+
+def _normalize(r: torch.Tensor, eps: float = GRPO_STD_EPS) -> torch.Tensor:
     "(r - mean) / std along the last dim; 0 where the spread is below `eps`."
     mean = r.mean(-1, keepdim=True)
     std = r.std(-1, keepdim=True) if r.shape[-1] > 1 else torch.zeros_like(mean)
     return torch.where(std > eps, (r - mean) / std.clamp(min=eps), torch.zeros_like(r))
 
+
 def group_normalize(
-    rewards:torch.Tensor, # [B] float outcome reward per sequence, B a multiple of group_size
-    group_size:int, # G: contiguous samples per prompt (>= 2)
+    rewards: torch.Tensor,  # [B] float outcome reward per sequence, B a multiple of group_size
+    group_size: int,  # G: contiguous samples per prompt (>= 2)
 ) -> torch.Tensor:
     """GRPO's outcome advantage: A_i = (r_i - mean_g(r)) / std_g(r) within each of the B/G contiguous groups g of G.
 
@@ -93,20 +100,24 @@ def group_normalize(
     Shapes: rewards [B], B a multiple of G -> advantages [B]."""
     check_shape("rewards", rewards, (None,))
     if group_size < 2:
-        raise ValueError(f"grpo needs group_size >= 2 (got {group_size}); for one sample per prompt use "
-                         "'batch_norm' or 'running_mean'")
+        raise ValueError(
+            f"grpo needs group_size >= 2 (got {group_size}); for one sample per prompt use "
+            "'batch_norm' or 'running_mean'"
+        )
     if rewards.shape[0] % group_size:
-        raise ValueError(f"batch of {rewards.shape[0]} sequences is not a multiple of group_size={group_size}; "
-                         "sample group_size completions per prompt")
+        raise ValueError(
+            f"batch of {rewards.shape[0]} sequences is not a multiple of group_size={group_size}; "
+            "sample group_size completions per prompt"
+        )
     return _normalize(rewards.view(-1, group_size)).view(-1)
 
 # %% ../nbs/12_advantages.ipynb #3cf134ae
 @register_advantage("grpo")
 def grpo_advantages(
-    rewards:torch.Tensor, # [B] outcome reward per sequence, B a multiple of group_size
-    loss_mask:torch.Tensor, # [B, T] bool
+    rewards: torch.Tensor,  # [B] outcome reward per sequence, B a multiple of group_size
+    loss_mask: torch.Tensor,  # [B, T] bool
     *,
-    group_size:int=8, # G: contiguous samples per prompt
+    group_size: int = 8,  # G: contiguous samples per prompt
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO advantages: `group_normalize`'s A_i = (r_i - mean_g(r)) / std_g(r) on every action token of sequence i.
 
@@ -120,8 +131,8 @@ def grpo_advantages(
 # %% ../nbs/12_advantages.ipynb #4d8e8fa8
 @register_advantage("batch_norm")
 def batch_norm_advantages(
-    rewards:torch.Tensor, # [B] outcome reward per sequence
-    loss_mask:torch.Tensor, # [B, T] bool
+    rewards: torch.Tensor,  # [B] outcome reward per sequence
+    loss_mask: torch.Tensor,  # [B, T] bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch-normalized outcome reward: A_i = (r_i - mean(r)) / std(r) over the whole batch, on every action token of i.
 
@@ -140,10 +151,12 @@ class RunningMeanBaseline:
     mean(batch), started at the first batch's mean; b = 0 before any update. The baseline of the `running_mean` setting
     SAO (arXiv:2607.07508) is compared with; it persists in checkpoints (`state_dict` / `load_state_dict`).
     Shapes: `update` takes rewards [B]; `mean` is a float."""
-    def __init__(self,
-                 mode:str="exact", # "exact": mean of every past reward; "ema": exponential moving average
-                 decay:float=0.99, # EMA decay (mode="ema")
-                ):
+
+    def __init__(
+        self,
+        mode: str = "exact",  # "exact": mean of every past reward; "ema": exponential moving average
+        decay: float = 0.99,  # EMA decay (mode="ema")
+    ):
         if mode not in ("exact", "ema"):
             raise ValueError(f"unknown running-mean mode {mode!r}; use 'exact' or 'ema'")
         if not 0.0 < decay < 1.0:
@@ -158,15 +171,16 @@ class RunningMeanBaseline:
             return 0.0
         return self.total / self.count if self.mode == "exact" else self.ema
 
-    def update(self, rewards:torch.Tensor):
+    def update(self, rewards: torch.Tensor):
         "Fold a batch of [B] rewards into the baseline."
         r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
         return self.absorb(float(r.sum()), r.numel())
 
-    def absorb(self,
-               total:float, # sum of the batch's rewards
-               count:int, # how many rewards the batch has
-              ):
+    def absorb(
+        self,
+        total: float,  # sum of the batch's rewards
+        count: int,  # how many rewards the batch has
+    ):
         "Fold a batch given only by its sum and count (e.g. all-reduced over ranks) into the baseline."
         if count == 0:
             return self
@@ -179,20 +193,21 @@ class RunningMeanBaseline:
     def state_dict(self) -> dict:
         return {"mode": self.mode, "decay": self.decay, "total": self.total, "count": self.count, "ema": self.ema}
 
-    def load_state_dict(self, state:dict):
+    def load_state_dict(self, state: dict):
         self.mode, self.decay = state["mode"], float(state["decay"])
         self.total, self.count, self.ema = float(state["total"]), int(state["count"]), float(state["ema"])
         return self
+
 
 RunningMean = RunningMeanBaseline  # short alias
 
 # %% ../nbs/12_advantages.ipynb #f3d842d5
 @register_advantage("running_mean")
 def running_mean_advantages(
-    rewards:torch.Tensor, # [B] outcome reward per sequence
-    loss_mask:torch.Tensor, # [B, T] bool
+    rewards: torch.Tensor,  # [B] outcome reward per sequence
+    loss_mask: torch.Tensor,  # [B, T] bool
     *,
-    baseline:RunningMeanBaseline|None=None, # the persistent baseline (required); updated in place after use
+    baseline: RunningMeanBaseline | None = None,  # the persistent baseline (required); updated in place after use
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Running-mean advantage: A_i = r_i - b, b the `baseline`'s mean of the rewards of earlier steps only.
 
@@ -202,7 +217,9 @@ def running_mean_advantages(
     Shapes: rewards [B], loss_mask [B, T] -> (advantages, returns) [B, T] float32, 0 off the mask."""
     r = _check_adv_inputs(rewards, loss_mask)
     if baseline is None:
-        raise ValueError("the 'running_mean' estimator needs `baseline=RunningMeanBaseline()` that persists across steps")
+        raise ValueError(
+            "the 'running_mean' estimator needs `baseline=RunningMeanBaseline()` that persists across steps"
+        )
     a = r - baseline.mean
     baseline.update(r)
     return _on_tokens(a, loss_mask), _on_tokens(r, loss_mask)

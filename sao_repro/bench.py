@@ -28,7 +28,8 @@ BENCHES: dict[str, str] = {
     "rehearsal": "sao_repro.areal.rehearsal.bench:bench_rehearsal_main",
 }
 
-def timeit(fn, repeat:int=5, warmup:int=1) -> float:
+
+def timeit(fn, repeat: int = 5, warmup: int = 1) -> float:
     "Median wall time of `fn()` in seconds."
     for _ in range(warmup):
         fn()
@@ -40,7 +41,7 @@ def timeit(fn, repeat:int=5, warmup:int=1) -> float:
     return statistics.median(times)
 
 # %% ../nbs/91_bench.ipynb #9fc98207
-def rl_batch(B:int, T:int, seed:int=0):
+def rl_batch(B: int, T: int, seed: int = 0):
     "Random rewards, values and a ragged loss mask with observation tokens mid-sequence."
     g = torch.Generator().manual_seed(seed)
     pos = torch.arange(T)
@@ -51,7 +52,7 @@ def rl_batch(B:int, T:int, seed:int=0):
     return torch.randn(B, T, generator=g), torch.randn(B, T, generator=g), mask
 
 # %% ../nbs/91_bench.ipynb #e5b67b51
-def bench_gae(shapes=((64, 4096), (64, 16384), (256, 8192)), loop_repeat:int=1, repeat:int=5):
+def bench_gae(shapes=((64, 4096), (64, 16384), (256, 8192)), loop_repeat: int = 1, repeat: int = 5):
     "Print the GAE benchmark table; returns its rows."
     rows = []
     for B, T in shapes:
@@ -60,9 +61,18 @@ def bench_gae(shapes=((64, 4096), (64, 16384), (256, 8192)), loop_repeat:int=1, 
         t_mc = timeit(lambda: skip_obs_gae(r, v, m, 1.0, 1.0), repeat)
         t_gae = timeit(lambda: skip_obs_gae(r, v, m, 1.0, 0.95), repeat)
         t_loop = timeit(lambda: areal_style_gae(r, v, m, 1.0, 0.95), loop_repeat, warmup=0)
-        rows.append(dict(shape=f"{B}x{T}", floor_ms=1e3 * t_floor, ours_lam1_ms=1e3 * t_mc, ours_ms=1e3 * t_gae,
-                         loop_ms=1e3 * t_loop, loop_over_ours=t_loop / t_gae, ours_over_floor=t_gae / t_floor,
-                         lam1_over_floor=t_mc / t_floor))
+        rows.append(
+            dict(
+                shape=f"{B}x{T}",
+                floor_ms=1e3 * t_floor,
+                ours_lam1_ms=1e3 * t_mc,
+                ours_ms=1e3 * t_gae,
+                loop_ms=1e3 * t_loop,
+                loop_over_ours=t_loop / t_gae,
+                ours_over_floor=t_gae / t_floor,
+                lam1_over_floor=t_mc / t_floor,
+            )
+        )
     cols = list(rows[0])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; lambda = 0.95 unless noted")
     print(" | ".join(f"{c:>15}" for c in cols))
@@ -70,17 +80,25 @@ def bench_gae(shapes=((64, 4096), (64, 16384), (256, 8192)), loop_repeat:int=1, 
         print(" | ".join(f"{row[c]:>15}" if isinstance(row[c], str) else f"{row[c]:>15.2f}" for c in cols))
     big = next((row for row in rows if row["shape"] == "64x16384"), None)
     if big:
-        print(f"targets at 64x16384: loop/ours >= 50 -> {big['loop_over_ours']:.1f} "
-              f"({'met' if big['loop_over_ours'] >= 50 else 'NOT met'}); ours/floor <= 5 -> {big['ours_over_floor']:.1f} "
-              f"({'met' if big['ours_over_floor'] <= 5 else 'NOT met'})")
+        print(
+            f"targets at 64x16384: loop/ours >= 50 -> {big['loop_over_ours']:.1f} "
+            f"({'met' if big['loop_over_ours'] >= 50 else 'NOT met'}); ours/floor <= 5 -> {big['ours_over_floor']:.1f} "
+            f"({'met' if big['ours_over_floor'] <= 5 else 'NOT met'})"
+        )
     return rows
 
 # %% ../nbs/91_bench.ipynb #117956d3
-def main(argv:list[str]|None=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     "Run one benchmark by name."
-    p = argparse.ArgumentParser(prog="python -m sao_repro.bench", description="Benchmarks: tables of ratios measured side by side.")
+    p = argparse.ArgumentParser(
+        prog="python -m sao_repro.bench", description="Benchmarks: tables of ratios measured side by side."
+    )
     p.add_argument("name", choices=sorted(BENCHES), help="which benchmark to run")
-    p.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options (`python -m sao_repro.bench mini --help`)")
+    p.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="the benchmark's own options (`python -m sao_repro.bench mini --help`)",
+    )
     a = p.parse_args(argv)
     mod, fn = BENCHES[a.name].split(":")
     f = getattr(importlib.import_module(mod), fn)

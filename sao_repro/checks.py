@@ -12,12 +12,13 @@ import math
 __all__ = ['check_number', 'check_timeout', 'check_port', 'port_arg']
 
 # %% ../nbs/01_checks.ipynb #527a9c89
-def check_number(name:str, # option name, as the user writes it
-                 value, # the value given
-                 lo:float|None=None, # smallest allowed value
-                 lo_open:bool=False, # True: `lo` itself is not allowed
-                 hint:str="", # how to fix it
-                ) -> float:
+def check_number(
+    name: str,  # option name, as the user writes it
+    value,  # the value given
+    lo: float | None = None,  # smallest allowed value
+    lo_open: bool = False,  # True: `lo` itself is not allowed
+    hint: str = "",  # how to fix it
+) -> float:
     "`value` as a finite float at or above `lo` (above it when `lo_open`), else a ValueError naming `name`."
     try:
         x = float(value)
@@ -29,16 +30,19 @@ def check_number(name:str, # option name, as the user writes it
         raise ValueError(f"{name}={value!r}: must be a finite number{bound}{hint}")
     return x
 
-def check_timeout(value, # seconds
-                  name:str="timeout_s", # option name for the error
-                 ) -> float:
+
+def check_timeout(
+    value,  # seconds
+    name: str = "timeout_s",  # option name for the error
+) -> float:
     "A timeout in seconds: finite and > 0 (NaN or inf would never fire)."
     return check_number(name, value, 0.0, lo_open=True, hint=" of seconds (NaN or inf would never fire)")
 
 # %% ../nbs/01_checks.ipynb #73328644
-def check_port(value, # the port given (str from a command line, or int)
-               name:str="--port", # option name for the error
-              ) -> int:
+def check_port(
+    value,  # the port given (str from a command line, or int)
+    name: str = "--port",  # option name for the error
+) -> int:
     "A TCP port: an integer 0..65535 (0: any free port), else a ValueError naming `name`."
     try:
         port = int(str(value).strip(), 10)
@@ -48,9 +52,11 @@ def check_port(value, # the port given (str from a command line, or int)
         raise ValueError(f"{name} {value!r}: give a port number 0..65535 (0: any free port)")
     return port
 
-def port_arg(value:str) -> int:
+
+def port_arg(value: str) -> int:
     "`argparse` type for a `--port` option: exit 2 with the reason instead of a traceback at bind time."
     import argparse
+
     try:
         return check_port(value)
     except ValueError as e:

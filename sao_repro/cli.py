@@ -30,38 +30,68 @@ __all__ = ['COMMANDS', 'LAB_FIRST', 'RUN_DIR_ENV', 'main', 'settings_main', 'lab
 COMMANDS: dict[str, tuple[str, str]] = {
     "settings": ("sao_repro.cli:settings_main", "list the five settings and what each isolates"),
     "run": ("sao_repro.mini.cli:run_main", "run one setting x seed (CPU testbed by default)"),
-    "compare": ("sao_repro.mini.cli:compare_main", "run every setting x seed through run_setting.ipynb (papermill) and summarize"),
-    "sweep": ("sao_repro.mini.sweep:sweep_main", "grid of testbed run options x settings x seeds (YAML), resumable, effect sizes with 95% CIs"),
-    "prepare-math": ("sao_repro.data:prepare_math_main", "prepare MATH in the schema AReaL reads (\\boxed{} answers, manifest)"),
-    "reward-workers": ("sao_repro.reward.workers:reward_workers_main", "start / stop / status / watch the Ray reward workers"),
+    "compare": (
+        "sao_repro.mini.cli:compare_main",
+        "run every setting x seed through run_setting.ipynb (papermill) and summarize",
+    ),
+    "sweep": (
+        "sao_repro.mini.sweep:sweep_main",
+        "grid of testbed run options x settings x seeds (YAML), resumable, effect sizes with 95% CIs",
+    ),
+    "prepare-math": (
+        "sao_repro.data:prepare_math_main",
+        "prepare MATH in the schema AReaL reads (\\boxed{} answers, manifest)",
+    ),
+    "reward-workers": (
+        "sao_repro.reward.workers:reward_workers_main",
+        "start / stop / status / watch the Ray reward workers",
+    ),
     "areal-config": ("sao_repro.areal.launch:areal_config_main", "print a fully resolved AReaL 1.0.4 config as YAML"),
-    "launch": ("sao_repro.areal.launch:launch_main", "launch one AReaL experiment: preflight, reward workers, train (--dry-run)"),
+    "launch": (
+        "sao_repro.areal.launch:launch_main",
+        "launch one AReaL experiment: preflight, reward workers, train (--dry-run)",
+    ),
     "preflight": ("sao_repro.areal.preflight:preflight_main", "check the GPUs for ghost memory before a launch"),
-    "rehearse": ("sao_repro.areal.rehearse:rehearse_main", "rehearse the cluster run on this CPU: AReaL's own trainer, every setting, a tiny model"),
-    "cpu-server": ("sao_repro.areal.cpu_server:cpu_server_main", "serve a model on the CPU with the endpoints AReaL's vLLM client calls"),
+    "rehearse": (
+        "sao_repro.areal.rehearse:rehearse_main",
+        "rehearse the cluster run on this CPU: AReaL's own trainer, every setting, a tiny model",
+    ),
+    "cpu-server": (
+        "sao_repro.areal.cpu_server:cpu_server_main",
+        "serve a model on the CPU with the endpoints AReaL's vLLM client calls",
+    ),
     "monitor": ("sao_repro.monitor:monitor_main", "serve a live local page of the runs under a logs folder"),
     "report": ("sao_repro.report:report_main", "build the MATH-hard report (HTML/PDF) from a runs folder"),
     "docs": ("sao_repro.report.docs:docs_main", "build the docs site offline, or write/check _quarto.yml"),
-    "results": ("sao_repro.results:results_main", "list the results files the docs quote (fresh / stale); `refresh NAME` makes one again"),
+    "results": (
+        "sao_repro.results:results_main",
+        "list the results files the docs quote (fresh / stale); `refresh NAME` makes one again",
+    ),
     "lab": ("sao_repro.cli:lab_main", "start JupyterLab on 127.0.0.1 (token) at experiments/explore_run.ipynb"),
 }
 
 # %% ../nbs/90_cli.ipynb #93d7f8c7
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: sao-repro <command> [options]", "",
-             "Reproduce SAO and the settings it is compared with (CPU testbed or AReaL cluster).", "", "commands:"]
+    lines = [
+        "usage: sao-repro <command> [options]",
+        "",
+        "Reproduce SAO and the settings it is compared with (CPU testbed or AReaL cluster).",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run 'sao-repro <command> --help' for the options of a command."]
     return "\n".join(lines)
 
-def _resolve(target:str):
+
+def _resolve(target: str):
     "Import `module:function`."
     mod, fn = target.split(":")
     return getattr(importlib.import_module(mod), fn)
 
 # %% ../nbs/90_cli.ipynb #9434d598
-def main(argv:list[str]|None=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     "Entry point of the `sao-repro` console script."
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -69,6 +99,7 @@ def main(argv:list[str]|None=None) -> int:
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         from sao_repro import __version__
+
         print(f"sao-repro {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
@@ -83,11 +114,12 @@ def main(argv:list[str]|None=None) -> int:
     return int(rc or 0)
 
 # %% ../nbs/90_cli.ipynb #3e4c9b74
-def settings_main(argv:list[str]|None=None) -> int:
+def settings_main(argv: list[str] | None = None) -> int:
     "Print the settings registry as a table (or YAML with --yaml)."
     import argparse
     from sao_repro.settings import get_setting, list_settings, setting_yaml
     from sao_repro.dis import DIS_BAND_PRESETS, band_label, dis_band
+
     p = argparse.ArgumentParser(prog="sao-repro settings", description="List the compared settings.")
     p.add_argument("names", nargs="*", help="settings to show (default: all)")
     p.add_argument("--yaml", action="store_true", help="print each setting as the YAML in configs/settings/")
@@ -102,9 +134,12 @@ def settings_main(argv:list[str]|None=None) -> int:
     print(f"{'setting':<13} {'G':>2} {'critic':<7} {'DIS band':<20} {'advantage':<13} role")
     for s in settings:
         band = band_label(s.band, s.dis_preset)
-        print(f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}")
+        print(
+            f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}"
+        )
     from dataclasses import fields
     from sao_repro.settings import KNOB_CHECKS, Setting
+
     print(f"\n{'knob (checked by settings.check_knob)':<38} {'sao':<9} help")
     for f in fields(Setting):
         if f.name in KNOB_CHECKS:
@@ -118,21 +153,34 @@ def settings_main(argv:list[str]|None=None) -> int:
 LAB_FIRST = "experiments/explore_run.ipynb"  # what a newcomer opens first
 RUN_DIR_ENV = "SAO_RUN_DIR"  # the run folder experiments/explore_run.ipynb reads when it is set
 
-def lab_argv(root, # the server's root folder (the repository)
-             port:int, # port on 127.0.0.1 (not 0: pick one first)
-             open_path:str=LAB_FIRST, # notebook to open, relative to `root`
-             browser:bool=False, # open it in the default web browser
-            ) -> list[str]:
+
+def lab_argv(
+    root,  # the server's root folder (the repository)
+    port: int,  # port on 127.0.0.1 (not 0: pick one first)
+    open_path: str = LAB_FIRST,  # notebook to open, relative to `root`
+    browser: bool = False,  # open it in the default web browser
+) -> list[str]:
     """The `python -m jupyterlab` command: loopback only, one port (no retry on another), no news or update look-ups;
     no token (it comes from `lab_secrets`' file, never the command line)."""
-    return [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={int(port)}",
-            "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
-            f"--LabApp.default_url=/lab/tree/{open_path}", f"--ServerApp.open_browser={bool(browser)}",
-            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            *(["--allow-root"] if os.name == "posix" and os.geteuid() == 0 else [])]  # e.g. in a container: loopback + token
+    return [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={int(port)}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.default_url=/lab/tree/{open_path}",
+        f"--ServerApp.open_browser={bool(browser)}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *(["--allow-root"] if os.name == "posix" and os.geteuid() == 0 else []),
+    ]  # e.g. in a container: loopback + token
 
-def lab_secrets(token:str, # the access token
-               ) -> tuple[Path, dict[str, str]]: # the private folder, and the environment the server needs
+
+def lab_secrets(
+    token: str,  # the access token
+) -> tuple[Path, dict[str, str]]:  # the private folder, and the environment the server needs
     "A private runtime folder (0700) holding the token in a file (0600): the server's JUPYTER_TOKEN_FILE and runtime dir."
     d = Path(tempfile.mkdtemp(prefix="sao_lab_"))  # mkdtemp makes it 0700: only its owner can list or read it
     f = d / "token"
@@ -142,7 +190,7 @@ def lab_secrets(token:str, # the access token
     return d, {"JUPYTER_TOKEN_FILE": str(f), "JUPYTER_RUNTIME_DIR": str(d / "runtime")}
 
 # %% ../nbs/90_cli.ipynb #0eb5e3f6
-def _children(pid:int) -> list[int]:
+def _children(pid: int) -> list[int]:
     "Processes whose parent is `pid` (its kernels), from /proc; [] where there is no /proc."
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -153,9 +201,11 @@ def _children(pid:int) -> list[int]:
             continue
     return out
 
+
 @dataclass
 class Lab:
     "A running JupyterLab server started by `start_lab`."
+
     proc: subprocess.Popen
     base: str  # http://127.0.0.1:<port>
     token: str
@@ -168,15 +218,18 @@ class Lab:
         "The link to open: the first notebook, with the token."
         return f"{self.base}/lab/tree/{self.open_path}?token={self.token}"
 
-    def api(self, path:str, method:str="GET", timeout:float=10):
+    def api(self, path: str, method: str = "GET", timeout: float = 10):
         "JSON from the server's REST API (`/api/...`), authenticated with the token."
         import urllib.request
-        req = urllib.request.Request(f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"})
+
+        req = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = r.read()
         return json.loads(body) if body else None
 
-    def stop(self, timeout:float=20) -> int:
+    def stop(self, timeout: float = 20) -> int:
         "Shut the server and its kernels down (the API's shutdown, else SIGTERM, else SIGKILL); its exit code."
         kids = _children(self.proc.pid)
         if self.proc.poll() is None:
@@ -198,8 +251,11 @@ class Lab:
             shutil.rmtree(self.secrets, ignore_errors=True)
         return self.proc.returncode
 
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.stop()
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 # %% ../nbs/90_cli.ipynb #3d58f4b6
 def _free_port() -> int:
@@ -207,17 +263,20 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-def start_lab(root=None, # the server's root (default: the repository, `runconfig.repo_dir`)
-              port:int=0, # port on 127.0.0.1; 0 picks a free one
-              token:str|None=None, # access token (default: a fresh random one)
-              open_path:str=LAB_FIRST, # notebook to open, relative to `root`
-              run_dir=None, # run folder the first notebook reads (sets SAO_RUN_DIR for the kernels)
-              browser:bool=False, # open the notebook in the default web browser
-              timeout:float=120, # seconds to wait for the server to answer
-              log_file=None, # the server's output (default: a temporary file)
-             ) -> Lab:
+
+def start_lab(
+    root=None,  # the server's root (default: the repository, `runconfig.repo_dir`)
+    port: int = 0,  # port on 127.0.0.1; 0 picks a free one
+    token: str | None = None,  # access token (default: a fresh random one)
+    open_path: str = LAB_FIRST,  # notebook to open, relative to `root`
+    run_dir=None,  # run folder the first notebook reads (sets SAO_RUN_DIR for the kernels)
+    browser: bool = False,  # open the notebook in the default web browser
+    timeout: float = 120,  # seconds to wait for the server to answer
+    log_file=None,  # the server's output (default: a temporary file)
+) -> Lab:
     "Start JupyterLab and wait until it answers; a `Lab` (stop it with `.stop()` or `with`)."
     from sao_repro.runconfig import repo_dir
+
     root = Path(root or repo_dir()).resolve()
     if not (root / open_path).is_file():
         raise FileNotFoundError(f"{root / open_path} not found: give the repository root (a clone of sao-repro)")
@@ -229,8 +288,14 @@ def start_lab(root=None, # the server's root (default: the repository, `runconfi
         env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     log = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="sao_lab_", suffix=".log")[1])
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(lab_argv(root, port, open_path, browser), cwd=root, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            lab_argv(root, port, open_path, browser),
+            cwd=root,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     lab = Lab(proc, f"http://127.0.0.1:{port}", token, open_path, log, private_dir)
     t0 = time.monotonic()
     while True:
@@ -242,21 +307,42 @@ def start_lab(root=None, # the server's root (default: the repository, `runconfi
         if proc.poll() is not None or time.monotonic() - t0 > timeout:
             lab.stop()
             tail = log.read_text(errors="replace")[-1500:]
-            raise RuntimeError(f"JupyterLab did not start on port {port} (exit code {proc.returncode}); its log {log}:\n{tail}")
+            raise RuntimeError(
+                f"JupyterLab did not start on port {port} (exit code {proc.returncode}); its log {log}:\n{tail}"
+            )
         time.sleep(0.5)
 
 # %% ../nbs/90_cli.ipynb #d3894ffc
-def lab_main(argv:list[str]|None=None) -> int:
+def lab_main(argv: list[str] | None = None) -> int:
     "`sao-repro lab`: start JupyterLab at the first notebook and print its link; Ctrl-C stops it."
     import argparse
-    p = argparse.ArgumentParser(prog="sao-repro lab", description=(
-        "Start JupyterLab on 127.0.0.1 with a fresh random token, rooted at the repository, opening "
-        f"{LAB_FIRST}: the notebook to open first (DIS ratios and advantages of one run folder). The library "
-        "notebooks are in nbs/, the report notebook in report/. Ctrl-C stops the server and its kernels."))
+
+    p = argparse.ArgumentParser(
+        prog="sao-repro lab",
+        description=(
+            "Start JupyterLab on 127.0.0.1 with a fresh random token, rooted at the repository, opening "
+            f"{LAB_FIRST}: the notebook to open first (DIS ratios and advantages of one run folder). The library "
+            "notebooks are in nbs/, the report notebook in report/. Ctrl-C stops the server and its kernels."
+        ),
+    )
     p.add_argument("--port", type=port_arg, default=8888, help="port on 127.0.0.1 (default 8888; 0 picks a free port)")
-    p.add_argument("--no-browser", action="store_true", help="only print the link (e.g. on a remote machine, through an ssh tunnel)")
-    p.add_argument("--run", default=None, metavar="DIR", help=f"run folder {LAB_FIRST} reads (default: its own, ../runs/mini/sao/seed0)")
-    p.add_argument("--open", default=LAB_FIRST, metavar="NOTEBOOK", help=f"notebook to open, relative to the root (default {LAB_FIRST})")
+    p.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="only print the link (e.g. on a remote machine, through an ssh tunnel)",
+    )
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="DIR",
+        help=f"run folder {LAB_FIRST} reads (default: its own, ../runs/mini/sao/seed0)",
+    )
+    p.add_argument(
+        "--open",
+        default=LAB_FIRST,
+        metavar="NOTEBOOK",
+        help=f"notebook to open, relative to the root (default {LAB_FIRST})",
+    )
     p.add_argument("--root", default=None, help="server root (default: the repository holding this package)")
     a = p.parse_args(argv)
     if a.run is not None and not Path(a.run).is_dir():

@@ -20,9 +20,11 @@ MAX_ALIASES = 64
 MAX_INTERP_CHARS = 1 << 20
 MAX_INTERP_DEPTH = 32
 
-def load_yaml_bounded(path:str|Path, # a YAML file
-                      what:str="config", # what it is, for the error messages
-                     ):
+
+def load_yaml_bounded(
+    path: str | Path,  # a YAML file
+    what: str = "config",  # what it is, for the error messages
+):
     "Parse a YAML file of at most MAX_CONFIG_BYTES with at most MAX_ALIASES aliases; errors are ValueErrors naming the file."
     p = Path(path)
     try:
@@ -34,8 +36,10 @@ def load_yaml_bounded(path:str|Path, # a YAML file
         for ev in yaml.parse(text, Loader=yaml.SafeLoader):
             aliases += isinstance(ev, yaml.AliasEvent)
             if aliases > MAX_ALIASES:
-                raise ValueError(f"{what} {p}: more than {MAX_ALIASES} YAML aliases (*name); "
-                                 "write the values out, or use fewer anchors")
+                raise ValueError(
+                    f"{what} {p}: more than {MAX_ALIASES} YAML aliases (*name); "
+                    "write the values out, or use fewer anchors"
+                )
         return yaml.safe_load(text)
     except UnicodeDecodeError as e:
         raise ValueError(f"{what} {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
@@ -47,7 +51,8 @@ def load_yaml_bounded(path:str|Path, # a YAML file
 # %% ../nbs/08_configfile.ipynb #7994b683
 _INTERP = re.compile(r"\$\{([^${}]*)\}")
 
-def _leaves(node, prefix:str="") -> dict:
+
+def _leaves(node, prefix: str = "") -> dict:
     "Dotted key -> scalar for every leaf of a nested dict / list."
     if isinstance(node, dict):
         return {k: v for key, child in node.items() for k, v in _leaves(child, f"{prefix}{key}.").items()}
@@ -55,7 +60,8 @@ def _leaves(node, prefix:str="") -> dict:
         return {k: v for i, child in enumerate(node) for k, v in _leaves(child, f"{prefix}{i}.").items()}
     return {prefix[:-1]: node}
 
-def _target(key:str, ref:str) -> str:
+
+def _target(key: str, ref: str) -> str:
     "The dotted key `ref` points to, seen from `key` (`.x`: a sibling, `..x`: the parent's sibling)."
     if not ref.startswith("."):
         return ref
@@ -63,13 +69,16 @@ def _target(key:str, ref:str) -> str:
     base = key.split(".")[:-dots]
     return ".".join(base + [ref.lstrip(".")])
 
-def check_interpolations(cfg, # a parsed config (nested dicts / lists)
-                         what:str="config", # what it is, for the error messages
-                        ):
+
+def check_interpolations(
+    cfg,  # a parsed config (nested dicts / lists)
+    what: str = "config",  # what it is, for the error messages
+):
     "Refuse `${...}` chains that would expand past MAX_INTERP_CHARS characters or MAX_INTERP_DEPTH levels."
     leaves = _leaves(cfg) if isinstance(cfg, (dict, list)) else {}
     memo = {}
-    def size(key:str, depth:int) -> int:
+
+    def size(key: str, depth: int) -> int:
         if key in memo:
             return memo[key]
         if depth > MAX_INTERP_DEPTH:
@@ -79,11 +88,16 @@ def check_interpolations(cfg, # a parsed config (nested dicts / lists)
             sub = [k for k in leaves if k.startswith(key + ".")]
             n = sum(size(k, depth + 1) for k in sub) if sub else len(str(v))
         else:
-            n = len(_INTERP.sub("", v)) + sum(256 if ":" in r else size(_target(key, r), depth + 1) for r in _INTERP.findall(v))
+            n = len(_INTERP.sub("", v)) + sum(
+                256 if ":" in r else size(_target(key, r), depth + 1) for r in _INTERP.findall(v)
+            )
         if n > MAX_INTERP_CHARS:
-            raise ValueError(f"{what}: {key!r} would expand to more than {MAX_INTERP_CHARS} characters "
-                             "through its ${...} interpolations; shorten the chain")
+            raise ValueError(
+                f"{what}: {key!r} would expand to more than {MAX_INTERP_CHARS} characters "
+                "through its ${...} interpolations; shorten the chain"
+            )
         memo[key] = n
         return n
+
     for k in list(leaves):
         size(k, 0)

@@ -13,9 +13,9 @@ __all__ = ['check_shape', 'check_mask', 'masked_sum', 'masked_mean', 'masked_var
 
 # %% ../nbs/00_core.ipynb #9f344433
 def check_shape(
-    name:str, # argument name, used in the error message
-    t:torch.Tensor, # the tensor to check
-    shape:tuple, # expected shape; `None` entries match any size
+    name: str,  # argument name, used in the error message
+    t: torch.Tensor,  # the tensor to check
+    shape: tuple,  # expected shape; `None` entries match any size
 ):
     "Raise `ValueError` naming `name` when `t.shape` does not match `shape`."
     if not isinstance(t, torch.Tensor):
@@ -28,9 +28,9 @@ def check_shape(
 
 # %% ../nbs/00_core.ipynb #37253797
 def check_mask(
-    name:str, # argument name
-    mask:torch.Tensor, # must be bool
-    like:torch.Tensor, # tensor whose shape the mask must have
+    name: str,  # argument name
+    mask: torch.Tensor,  # must be bool
+    like: torch.Tensor,  # tensor whose shape the mask must have
 ):
     "Check that `mask` is a bool tensor shaped like `like`."
     check_shape(name, mask, tuple(like.shape))
@@ -40,9 +40,9 @@ def check_mask(
 
 # %% ../nbs/00_core.ipynb #d4ef1cc9
 def masked_sum(
-    x:torch.Tensor, # values, any shape
-    mask:torch.Tensor, # bool, same shape as `x`
-    dim:int|None=None, # reduce over this dim, or over everything when None
+    x: torch.Tensor,  # values, any shape
+    mask: torch.Tensor,  # bool, same shape as `x`
+    dim: int | None = None,  # reduce over this dim, or over everything when None
 ) -> torch.Tensor:
     "Sum of `x` where `mask` is True; junk off the mask is ignored."
     check_mask("mask", mask, x)
@@ -51,9 +51,9 @@ def masked_sum(
 
 # %% ../nbs/00_core.ipynb #f6734e2a
 def masked_mean(
-    x:torch.Tensor, # values, any shape
-    mask:torch.Tensor, # bool, same shape as `x`
-    dim:int|None=None, # reduce over this dim, or over everything when None
+    x: torch.Tensor,  # values, any shape
+    mask: torch.Tensor,  # bool, same shape as `x`
+    dim: int | None = None,  # reduce over this dim, or over everything when None
 ) -> torch.Tensor:
     "Mean of `x` over the True positions of `mask` (0 where the mask is empty)."
     n = mask.sum() if dim is None else mask.sum(dim)
@@ -61,9 +61,9 @@ def masked_mean(
 
 # %% ../nbs/00_core.ipynb #f95dea91
 def masked_var(
-    x:torch.Tensor, # values
-    mask:torch.Tensor, # bool, same shape as `x`
-    unbiased:bool=False, # apply Bessel's correction n/(n-1)
+    x: torch.Tensor,  # values
+    mask: torch.Tensor,  # bool, same shape as `x`
+    unbiased: bool = False,  # apply Bessel's correction n/(n-1)
 ) -> torch.Tensor:
     "Variance of `x` over the True positions of `mask`."
     mu = masked_mean(x, mask)
@@ -75,10 +75,10 @@ def masked_var(
 
 # %% ../nbs/00_core.ipynb #20ea12a4
 def masked_whiten(
-    x:torch.Tensor, # values
-    mask:torch.Tensor, # bool, same shape as `x`
-    shift_mean:bool=True, # subtract the mean (False keeps it, as PPO value whitening does)
-    eps:float=1e-8, # added to the variance
+    x: torch.Tensor,  # values
+    mask: torch.Tensor,  # bool, same shape as `x`
+    shift_mean: bool = True,  # subtract the mean (False keeps it, as PPO value whitening does)
+    eps: float = 1e-8,  # added to the variance
 ) -> torch.Tensor:
     "Normalise `x` to zero mean and unit variance over the mask; 0 off the mask."
     mu = masked_mean(x, mask)
@@ -96,27 +96,38 @@ def _same_entry(f, g) -> bool:
     cf, cg = getattr(f, "__code__", None), getattr(g, "__code__", None)
     if cf is None or cg is None:
         return not (callable(f) or callable(g)) and f == g
-    return (f.__module__, f.__qualname__, cf.co_code, cf.co_consts) == (g.__module__, g.__qualname__, cg.co_code, cg.co_consts)
+    return (f.__module__, f.__qualname__, cf.co_code, cf.co_consts) == (
+        g.__module__,
+        g.__qualname__,
+        cg.co_code,
+        cg.co_consts,
+    )
+
 
 class Registry(dict):
     "Entries by name: `add(name, x)` or the `register(name)` decorator adds, `lookup(name)` finds, `names()` lists."
-    def __init__(self,
-                 kind:str, # what is registered, for messages: "advantage estimator", "policy loss", "setting"
-                 sort:bool=True, # `names()` sorted; False: in registration order
-                ):
+
+    def __init__(
+        self,
+        kind: str,  # what is registered, for messages: "advantage estimator", "policy loss", "setting"
+        sort: bool = True,  # `names()` sorted; False: in registration order
+    ):
         super().__init__()
         self.kind, self.sort = kind, sort
 
-    def add(self, name:str, entry):
+    def add(self, name: str, entry):
         "Register `entry` under `name` and return it; a different entry under a taken name raises."
         if name in self and not _same_entry(self[name], entry):
             old = getattr(self[name], "__qualname__", None)
-            raise ValueError(f"{self.kind} {name!r} is already registered " + (f"to {old}" if old else "with different values")
-                             + "; pick another name")
+            raise ValueError(
+                f"{self.kind} {name!r} is already registered "
+                + (f"to {old}" if old else "with different values")
+                + "; pick another name"
+            )
         self[name] = entry
         return entry
 
-    def register(self, name:str):
+    def register(self, name: str):
         "Decorator registering a function under `name`."
         return lambda fn: self.add(name, fn)
 
@@ -124,9 +135,8 @@ class Registry(dict):
         "The registered names (sorted, or in registration order with `sort=False`)."
         return sorted(self) if self.sort else list(self)
 
-    def lookup(self, name:str):
+    def lookup(self, name: str):
         "The entry registered under `name`; an unknown name lists the valid ones."
         if name not in self:
             raise ValueError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
         return self[name]
-

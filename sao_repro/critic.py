@@ -19,9 +19,9 @@ __all__ = ['FREEZE_PATTERNS', 'explained_variance', 'returns_std', 'freeze_param
 # %% ../nbs/14_critic.ipynb #0b44b027
 @torch.no_grad()
 def explained_variance(
-    values:torch.Tensor, # [B, T] predictions
-    returns:torch.Tensor, # [B, T] targets
-    loss_mask:torch.Tensor, # [B, T] bool
+    values: torch.Tensor,  # [B, T] predictions
+    returns: torch.Tensor,  # [B, T] targets
+    loss_mask: torch.Tensor,  # [B, T] bool
 ) -> float:
     """EV = 1 - Var[R - V] / Var[R] over the action tokens (population variances); NaN when Var[R] <= 1e-12.
 
@@ -34,32 +34,42 @@ def explained_variance(
         return float("nan")
     return 1.0 - float(masked_var((returns - values).float(), loss_mask)) / var_r
 
+
 @torch.no_grad()
-def returns_std(returns:torch.Tensor, # [B, T] targets
-                loss_mask:torch.Tensor, # [B, T] bool
-               ) -> float:
+def returns_std(
+    returns: torch.Tensor,  # [B, T] targets
+    loss_mask: torch.Tensor,  # [B, T] bool
+) -> float:
     "Standard deviation of the returns over the mask (0: every return equal, a degenerate batch for the critic)."
     check_mask("loss_mask", loss_mask, returns)
     return float(masked_var(returns.float(), loss_mask).clamp_min(0).sqrt())
 
 # %% ../nbs/14_critic.ipynb #5719a84e
-FREEZE_PATTERNS = {"none": (), "attention": (r"(?:^|\.)(?:self_attn|self_attention|attn|attention)\.", r"(?:^|\.)(?:qkv|proj)\.")}
+FREEZE_PATTERNS = {
+    "none": (),
+    "attention": (r"(?:^|\.)(?:self_attn|self_attention|attn|attention)\.", r"(?:^|\.)(?:qkv|proj)\."),
+}
 
-def freeze_params(model:nn.Module, # the critic
-                  freeze:str="none", # a key of FREEZE_PATTERNS
-                 ) -> list[str]:
+
+def freeze_params(
+    model: nn.Module,  # the critic
+    freeze: str = "none",  # a key of FREEZE_PATTERNS
+) -> list[str]:
     """Set `requires_grad=False` on the parameters `freeze` names; returns their names (an empty match raises).
 
     "attention" freezes every attention projection: SAO's frozen-attention critic (arXiv:2607.07508, section 3.2)."""
     import re
+
     if freeze not in FREEZE_PATTERNS:
         raise ValueError(f"critic_freeze={freeze!r}: use one of {', '.join(FREEZE_PATTERNS)}")
     pats = [re.compile(p) for p in FREEZE_PATTERNS[freeze]]
     names = [n for n, _ in model.named_parameters() if any(p.search(n) for p in pats)]
     if pats and not names:
         seen = sorted({n.rsplit(".", 1)[0] for n, _ in model.named_parameters()})
-        raise ValueError(f"critic_freeze={freeze!r}: patterns {FREEZE_PATTERNS[freeze]} match no parameter; "
-                         f"modules seen: {', '.join(seen[:40])}")
+        raise ValueError(
+            f"critic_freeze={freeze!r}: patterns {FREEZE_PATTERNS[freeze]} match no parameter; "
+            f"modules seen: {', '.join(seen[:40])}"
+        )
     for n, p in model.named_parameters():
         if n in names:
             p.requires_grad_(False)
@@ -68,18 +78,20 @@ def freeze_params(model:nn.Module, # the critic
 # %% ../nbs/14_critic.ipynb #c7789e73
 class CriticTrainer:
     "K passes of clipped value regression per step, with warmup and its own optimizer."
-    def __init__(self,
-                 model:nn.Module, # tokens [B, T] -> values [B, T]
-                 lr:float=5e-6, # critic learning rate
-                 k_passes:int=2, # update passes over each batch
-                 n_minibatches:int=1, # minibatches per pass
-                 warmup_steps:int=10, # critic-only steps before the first policy update
-                 eps_clip:float|None=0.5, # value clip around the old values
-                 max_grad_norm:float=1.0, # gradient clipping
-                 weight_decay:float=0.0, # AdamW weight decay
-                 seed:int=0, # seed of the minibatch shuffling
-                 freeze:str="none", # parameters kept frozen (`freeze_params`): 'none' or 'attention'
-                ):
+
+    def __init__(
+        self,
+        model: nn.Module,  # tokens [B, T] -> values [B, T]
+        lr: float = 5e-6,  # critic learning rate
+        k_passes: int = 2,  # update passes over each batch
+        n_minibatches: int = 1,  # minibatches per pass
+        warmup_steps: int = 10,  # critic-only steps before the first policy update
+        eps_clip: float | None = 0.5,  # value clip around the old values
+        max_grad_norm: float = 1.0,  # gradient clipping
+        weight_decay: float = 0.0,  # AdamW weight decay
+        seed: int = 0,  # seed of the minibatch shuffling
+        freeze: str = "none",  # parameters kept frozen (`freeze_params`): 'none' or 'attention'
+    ):
         for name, val in (("k_passes", k_passes), ("n_minibatches", n_minibatches)):
             if int(val) < 1:
                 raise ValueError(f"{name} must be >= 1, got {val}")
@@ -88,15 +100,17 @@ class CriticTrainer:
         self.model, self.k_passes, self.n_minibatches = model, int(k_passes), int(n_minibatches)
         self.warmup_steps, self.eps_clip, self.max_grad_norm = int(warmup_steps), eps_clip, max_grad_norm
         self.frozen = freeze_params(model, freeze)
-        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+        )
         self.gen = torch.Generator().manual_seed(seed)
 
-    def in_warmup(self, step:int) -> bool:
+    def in_warmup(self, step: int) -> bool:
         "True while `step` (0-based) is a critic-only warmup step."
         return step < self.warmup_steps
 
     @torch.no_grad()
-    def values(self, tokens:torch.Tensor, **model_kwargs) -> torch.Tensor:
+    def values(self, tokens: torch.Tensor, **model_kwargs) -> torch.Tensor:
         "Values [B, T] for `tokens` without gradient."
         was = self.model.training
         self.model.eval()
@@ -108,7 +122,7 @@ class CriticTrainer:
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state()}
 
-    def load_state_dict(self, state:dict):
+    def load_state_dict(self, state: dict):
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
         self.gen.set_state(state["gen"])
@@ -116,12 +130,14 @@ class CriticTrainer:
 
 # %% ../nbs/14_critic.ipynb #b6c65979
 @patch
-def update(self:CriticTrainer,
-           tokens:torch.Tensor, # [B, T] token ids
-           loss_mask:torch.Tensor, # [B, T] bool
-           returns:torch.Tensor, # [B, T] targets
-           old_values:torch.Tensor|None=None, # [B, T] values at collection time (computed if None)
-           **model_kwargs) -> dict[str, float]:
+def update(
+    self: CriticTrainer,
+    tokens: torch.Tensor,  # [B, T] token ids
+    loss_mask: torch.Tensor,  # [B, T] bool
+    returns: torch.Tensor,  # [B, T] targets
+    old_values: torch.Tensor | None = None,  # [B, T] values at collection time (computed if None)
+    **model_kwargs,
+) -> dict[str, float]:
     "Run `k_passes` x `n_minibatches` optimizer steps; return `critic/` metrics."
     check_shape("returns", returns, tuple(tokens.shape[:2]))
     check_mask("loss_mask", loss_mask, returns)
@@ -140,6 +156,11 @@ def update(self:CriticTrainer,
             norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)))
             self.opt.step()
             losses.append(float(loss.detach()))
-    return {"critic/value_loss": sum(losses) / len(losses), "critic/explained_var": ev,
-            "critic/grad_norm": sum(norms) / len(norms), "critic/grad_norm_max": max(norms),
-            "critic/grad_clip": float(self.max_grad_norm), "critic/returns_std": returns_std(returns, loss_mask)}
+    return {
+        "critic/value_loss": sum(losses) / len(losses),
+        "critic/explained_var": ev,
+        "critic/grad_norm": sum(norms) / len(norms),
+        "critic/grad_norm_max": max(norms),
+        "critic/grad_clip": float(self.max_grad_norm),
+        "critic/returns_std": returns_std(returns, loss_mask),
+    }

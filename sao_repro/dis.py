@@ -19,19 +19,33 @@ __all__ = ['DIS_CONVENTIONS', 'DIS_BAND_PRESETS', 'DEFAULT_DIS_PRESET', 'DIS_LEV
 DIS_CONVENTIONS = ("absolute", "eps")
 
 DIS_BAND_PRESETS = {  # name -> the two numbers as the source writes them, their convention, and the source
-    "reference": {"lower": 0.3, "upper": 5.0, "convention": "absolute",
-                  "source": "reference implementation (docs/20260725-math-hard-report.md): [0.3, 5.0] on the ratio itself"},
-    "paper-math": {"lower": 0.3, "upper": 5.0, "convention": "eps",
-                   "source": "paper, math / tool-use setting: eps_low 0.3, eps_high 5.0 read as [1 - 0.3, 1 + 5.0] (Lego-RL's port)"},
-    "paper-coding": {"lower": 0.8, "upper": 3.0, "convention": "eps",
-                     "source": "paper, coding-agent setting: eps_low 0.8, eps_high 3.0 read as [1 - 0.8, 1 + 3.0] (Lego-RL's port)"},
+    "reference": {
+        "lower": 0.3,
+        "upper": 5.0,
+        "convention": "absolute",
+        "source": "reference implementation (docs/20260725-math-hard-report.md): [0.3, 5.0] on the ratio itself",
+    },
+    "paper-math": {
+        "lower": 0.3,
+        "upper": 5.0,
+        "convention": "eps",
+        "source": "paper, math / tool-use setting: eps_low 0.3, eps_high 5.0 read as [1 - 0.3, 1 + 5.0] (Lego-RL's port)",
+    },
+    "paper-coding": {
+        "lower": 0.8,
+        "upper": 3.0,
+        "convention": "eps",
+        "source": "paper, coding-agent setting: eps_low 0.8, eps_high 3.0 read as [1 - 0.8, 1 + 3.0] (Lego-RL's port)",
+    },
 }
 DEFAULT_DIS_PRESET = "reference"
 
+
 def dis_band(
-    lower:float|str=0.3, # a preset name (`DIS_BAND_PRESETS`), or `absolute`: lowest kept ratio; `eps`: eps_low, the band starts at 1 - lower
-    upper:float=5.0, # `absolute`: highest kept ratio; `eps`: eps_high, the band ends at 1 + upper (ignored with a preset)
-    convention:str="absolute", # how to read the two numbers: "absolute" or "eps" (ignored with a preset)
+    lower: float
+    | str = 0.3,  # a preset name (`DIS_BAND_PRESETS`), or `absolute`: lowest kept ratio; `eps`: eps_low, the band starts at 1 - lower
+    upper: float = 5.0,  # `absolute`: highest kept ratio; `eps`: eps_high, the band ends at 1 + upper (ignored with a preset)
+    convention: str = "absolute",  # how to read the two numbers: "absolute" or "eps" (ignored with a preset)
 ) -> tuple[float, float]:
     "The DIS band `(lo, hi)` on the importance ratio, validated: from a preset name or from two numbers."
     if isinstance(lower, str):
@@ -39,30 +53,39 @@ def dis_band(
         lower, upper, convention = p["lower"], p["upper"], p["convention"]
     if convention not in DIS_CONVENTIONS:
         raise ValueError(f"unknown DIS band convention {convention!r}; use one of {', '.join(DIS_CONVENTIONS)}")
-    lo, hi = (float(lower), float(upper)) if convention == "absolute" else (round(1.0 - lower, 12), round(1.0 + upper, 12))
+    lo, hi = (
+        (float(lower), float(upper)) if convention == "absolute" else (round(1.0 - lower, 12), round(1.0 + upper, 12))
+    )
     _check_band(lo, hi, convention)
     return lo, hi
 
 # %% ../nbs/10_dis.ipynb #b7d1e0a2
-def dis_preset(name, # a preset name, e.g. "paper-math"
-               key:str="dis_band", # the name the user wrote, used in the message
-              ) -> str:
+def dis_preset(
+    name,  # a preset name, e.g. "paper-math"
+    key: str = "dis_band",  # the name the user wrote, used in the message
+) -> str:
     "`name` if it is a DIS band preset; otherwise a `ValueError` listing the presets, their bands and sources."
     if isinstance(name, str) and name in DIS_BAND_PRESETS:
         return name
-    listing = "; ".join(f"{n} = [{', '.join(f'{x:g}' for x in dis_band(n))}] ({p['source']})" for n, p in DIS_BAND_PRESETS.items())
+    listing = "; ".join(
+        f"{n} = [{', '.join(f'{x:g}' for x in dis_band(n))}] ({p['source']})" for n, p in DIS_BAND_PRESETS.items()
+    )
     raise ValueError(f"{key}={name!r} is not a DIS band preset; use one of {', '.join(DIS_BAND_PRESETS)}: {listing}")
 
-def band_preset_name(band:tuple[float, float]|None, # a resolved (lo, hi), or None
-                    ) -> str|None:
+
+def band_preset_name(
+    band: tuple[float, float] | None,  # a resolved (lo, hi), or None
+) -> str | None:
     "The preset whose resolved band is `band` (to 1e-9), or None (no DIS, or numbers of no preset)."
     if band is None:
         return None
     return next((n for n in DIS_BAND_PRESETS if all(abs(a - b) <= 1e-9 for a, b in zip(dis_band(n), band))), None)
 
-def band_label(band:tuple[float, float]|None, # a resolved (lo, hi), or None when DIS is off
-               preset:str|None=None, # the preset it came from (default: the preset with these numbers, if any)
-              ) -> str:
+
+def band_label(
+    band: tuple[float, float] | None,  # a resolved (lo, hi), or None when DIS is off
+    preset: str | None = None,  # the preset it came from (default: the preset with these numbers, if any)
+) -> str:
     "How a band is shown in tables: `paper-math [0.7, 6]`, `custom [0.5, 3]`, or `-` without DIS."
     if band is None:
         return "-"
@@ -75,25 +98,32 @@ def _check_band(lo, hi, convention="absolute"):
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"{where}: bounds must be finite numbers")
     if lo <= 0:
-        raise ValueError(f"{where}: lower bound must be > 0; ratios are positive, so lo <= 0 drops nothing below. "
-                         "Use e.g. 0.3 (absolute) or eps_low < 1 (eps)")
+        raise ValueError(
+            f"{where}: lower bound must be > 0; ratios are positive, so lo <= 0 drops nothing below. "
+            "Use e.g. 0.3 (absolute) or eps_low < 1 (eps)"
+        )
     if lo >= hi:
         raise ValueError(f"{where}: lower bound must be below the upper bound; swap them")
     if lo >= 1:
-        raise ValueError(f"{where}: lower bound must be < 1 so on-policy tokens (ratio 1) are kept; "
-                         "with convention='eps' pass eps_low (e.g. 0.3), not 1 - eps_low")
+        raise ValueError(
+            f"{where}: lower bound must be < 1 so on-policy tokens (ratio 1) are kept; "
+            "with convention='eps' pass eps_low (e.g. 0.3), not 1 - eps_low"
+        )
     if hi <= 1:
-        raise ValueError(f"{where}: upper bound must be > 1 so on-policy tokens (ratio 1) are kept; "
-                         "with convention='absolute' pass the ratio itself (e.g. 5.0)")
+        raise ValueError(
+            f"{where}: upper bound must be > 1 so on-policy tokens (ratio 1) are kept; "
+            "with convention='absolute' pass the ratio itself (e.g. 5.0)"
+        )
     return lo, hi
 
 # %% ../nbs/10_dis.ipynb #1f89824e
 DIS_LEVELS = ("token", "sequence")
 
+
 def log_ratio(
-    logp:torch.Tensor, # [B, T] log-probs of the policy being trained
-    behav_logp:torch.Tensor, # [B, T] log-probs of the behaviour policy (rollout engine)
-    loss_mask:torch.Tensor, # [B, T] bool, True on trained action tokens
+    logp: torch.Tensor,  # [B, T] log-probs of the policy being trained
+    behav_logp: torch.Tensor,  # [B, T] log-probs of the behaviour policy (rollout engine)
+    loss_mask: torch.Tensor,  # [B, T] bool, True on trained action tokens
 ) -> torch.Tensor:
     "Per-token log importance ratio `logp - behav_logp` after shape checks ([B, T])."
     check_shape("logp", logp, (None, None))
@@ -103,11 +133,11 @@ def log_ratio(
 
 # %% ../nbs/10_dis.ipynb #55666013
 def dis_mask(
-    logp:torch.Tensor, # [B, T] log-probs of the policy being trained
-    behav_logp:torch.Tensor, # [B, T] log-probs of the behaviour policy (rollout engine)
-    loss_mask:torch.Tensor, # [B, T] bool, True on trained action tokens
-    band:tuple[float, float], # (lo, hi) from `dis_band`
-    level:str="token", # "token": per-token ratio; "sequence": geometric mean per sequence
+    logp: torch.Tensor,  # [B, T] log-probs of the policy being trained
+    behav_logp: torch.Tensor,  # [B, T] log-probs of the behaviour policy (rollout engine)
+    loss_mask: torch.Tensor,  # [B, T] bool, True on trained action tokens
+    band: tuple[float, float],  # (lo, hi) from `dis_band`
+    level: str = "token",  # "token": per-token ratio; "sequence": geometric mean per sequence
 ) -> torch.Tensor:
     """DIS keep-mask k_t = m_t * 1[lo <= r_t <= hi], r_t = pi_theta / pi_rollout = exp(logp_t - behav_logp_t).
 
@@ -130,10 +160,10 @@ def dis_mask(
 
 # %% ../nbs/10_dis.ipynb #85a7f17b
 def dis_split(
-    lr:torch.Tensor, # [B, T] log-ratios from `log_ratio`
-    dropped:torch.Tensor, # [B, T] bool, the dropped tokens to split (e.g. `loss_mask & ~dis_mask(...)`)
-    band:tuple[float, float], # (lo, hi)
-    level:str="token", # as in `dis_mask`
+    lr: torch.Tensor,  # [B, T] log-ratios from `log_ratio`
+    dropped: torch.Tensor,  # [B, T] bool, the dropped tokens to split (e.g. `loss_mask & ~dis_mask(...)`)
+    band: tuple[float, float],  # (lo, hi)
+    level: str = "token",  # as in `dis_mask`
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The `dropped` tokens split by the side of the DIS band they left by: `(below, above)`, bool [B, T] each.
 
@@ -145,7 +175,7 @@ def dis_split(
     return below, dropped & ~below
 
 # %% ../nbs/10_dis.ipynb #bdece4ea
-def _quantiles(lr:torch.Tensor, qs=(0.01, 0.5, 0.99)) -> list[float]:
+def _quantiles(lr: torch.Tensor, qs=(0.01, 0.5, 0.99)) -> list[float]:
     "Quantiles of the ratio exp(lr) for a 1-D tensor of finite log-ratios (NaN when empty)."
     if lr.numel() == 0:
         return [float("nan")] * len(qs)
@@ -155,11 +185,11 @@ def _quantiles(lr:torch.Tensor, qs=(0.01, 0.5, 0.99)) -> list[float]:
 # %% ../nbs/10_dis.ipynb #4d280bce
 @torch.no_grad()
 def dis_metrics(
-    logp:torch.Tensor, # [B, T] log-probs of the policy being trained
-    behav_logp:torch.Tensor, # [B, T] log-probs of the behaviour policy
-    loss_mask:torch.Tensor, # [B, T] bool, True on trained action tokens
-    band:tuple[float, float]|None, # (lo, hi), or None when DIS is off
-    level:str="token", # as in `dis_mask`
+    logp: torch.Tensor,  # [B, T] log-probs of the policy being trained
+    behav_logp: torch.Tensor,  # [B, T] log-probs of the behaviour policy
+    loss_mask: torch.Tensor,  # [B, T] bool, True on trained action tokens
+    band: tuple[float, float] | None,  # (lo, hi), or None when DIS is off
+    level: str = "token",  # as in `dis_mask`
 ) -> dict[str, float]:
     "Token-weighted DIS diagnostics under the `dis/` namespace."
     lr = log_ratio(logp, behav_logp, loss_mask)
@@ -171,8 +201,13 @@ def dis_metrics(
         kept = dis_mask(logp, behav_logp, loss_mask, band, level)
         below, above = dis_split(lr, finite & ~kept, band, level)
     p01, p50, p99 = _quantiles(lr[finite])
-    return {"dis/kept_frac": int(kept.sum()) / n, "dis/masked_below_frac": int(below.sum()) / n,
-            "dis/masked_above_frac": int(above.sum()) / n,
-            "dis/nonfinite_frac": int((loss_mask & ~torch.isfinite(lr)).sum()) / n,
-            "dis/ratio_p01": p01, "dis/ratio_p50": p50, "dis/ratio_p99": p99,
-            "dis/logp_abs_diff": float(masked_mean(lr.abs().nan_to_num(0.0, 0.0, 0.0), finite))}
+    return {
+        "dis/kept_frac": int(kept.sum()) / n,
+        "dis/masked_below_frac": int(below.sum()) / n,
+        "dis/masked_above_frac": int(above.sum()) / n,
+        "dis/nonfinite_frac": int((loss_mask & ~torch.isfinite(lr)).sum()) / n,
+        "dis/ratio_p01": p01,
+        "dis/ratio_p50": p50,
+        "dis/ratio_p99": p99,
+        "dis/logp_abs_diff": float(masked_mean(lr.abs().nan_to_num(0.0, 0.0, 0.0), finite)),
+    }

@@ -19,9 +19,10 @@ __all__ = ['TASK_PATHS_ENV', 'write_atomic', 'file_sha256', 'current_umask', 'ap
            'check_output_dir', 'output_dir', 'drop_links']
 
 # %% ../nbs/07_files.ipynb #fea345e1
-def write_atomic(path:str|Path, # destination
-                 data:bytes, # full file content
-                ):
+def write_atomic(
+    path: str | Path,  # destination
+    data: bytes,  # full file content
+):
     "Write `data` to a temp file next to `path`, fsync, then rename over `path`."
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -37,9 +38,10 @@ def write_atomic(path:str|Path, # destination
         raise
 
 # %% ../nbs/07_files.ipynb #fea345e2
-def file_sha256(*paths:str|Path) -> str:
+def file_sha256(*paths: str | Path) -> str:
     "SHA-256 of the files' bytes, read in 1 MB blocks, one after another (one file: its usual sha256)."
     import hashlib
+
     h = hashlib.sha256()
     for p in paths:
         with open(p, "rb") as f:
@@ -60,16 +62,20 @@ def current_umask() -> int:
     os.umask(umask)
     return umask
 
-def apply_umask(root:str|Path, # a folder, or a file
-                umask:int|None=None, # the umask whose modes it gets (None: this process's)
-               ) -> Path:
+
+def apply_umask(
+    root: str | Path,  # a folder, or a file
+    umask: int | None = None,  # the umask whose modes it gets (None: this process's)
+) -> Path:
     "Give `root` and everything below it the modes `mkdir` / `open` under `umask` make: folders 0o777, files 0o666 (0o777 when executable), less `umask`; links untouched."
     umask = current_umask() if umask is None else umask
+
     def fix(p):
         st = os.lstat(p)
         if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
             full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111 else 0o666
             os.chmod(p, full & ~umask)
+
     root = Path(root)
     fix(root)  # a folder first, so that what is below it can be listed (top-down walk)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -80,10 +86,12 @@ def apply_umask(root:str|Path, # a folder, or a file
 # %% ../nbs/07_files.ipynb #cb2a9eaa
 TASK_PATHS_ENV = "SAO_REPRO_TASK_PATHS"
 
+
 def task_paths() -> dict[str, str]:
     "The user's paths -> their stand-ins in this process (a Ray task's private folder, from `TASK_PATHS_ENV`); {} elsewhere."
     raw = os.environ.get(TASK_PATHS_ENV)
     return json.loads(raw) if raw else {}
+
 
 def _swap(p, pairs) -> Path:
     p = Path(p)
@@ -92,27 +100,32 @@ def _swap(p, pairs) -> Path:
             return Path(b) / p.relative_to(a)
     return p
 
-def task_path(p:str|Path) -> Path:
+
+def task_path(p: str | Path) -> Path:
     "Where the user's path `p` is in this process: its stand-in when `p` is (or lies below) a mapped path, else `p`."
     return _swap(p, task_paths().items())
 
-def user_path(p:str|Path) -> Path:
+
+def user_path(p: str | Path) -> Path:
     "The user's path of `p` (the inverse of `task_path`): what a record names."
     return _swap(p, [(b, a) for a, b in task_paths().items()])
 
 # %% ../nbs/07_files.ipynb #714afcaf
-def _exchange(a:Path, b:Path) -> bool:
+def _exchange(a: Path, b: Path) -> bool:
     "Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where that is not available."
     try:
         import ctypes
+
         fn = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
     return fn(-100, os.fsencode(str(a)), -100, os.fsencode(str(b)), 2) == 0  # AT_FDCWD, RENAME_EXCHANGE
 
-def replace_dir(staging:str|Path, # a complete new version of `target`, on the same filesystem
-                target:str|Path, # the folder to replace (created when missing)
-               ):
+
+def replace_dir(
+    staging: str | Path,  # a complete new version of `target`, on the same filesystem
+    target: str | Path,  # the folder to replace (created when missing)
+):
     "Make `staging` the folder `target` in one step; the old content is removed afterwards."
     staging, target = Path(staging), Path(target)
     if not target.exists():
@@ -126,16 +139,18 @@ def replace_dir(staging:str|Path, # a complete new version of `target`, on the s
         shutil.rmtree(old)
 
 # %% ../nbs/07_files.ipynb #bfdcb468
-def _aside(d:Path, suffix:str) -> Path:
+def _aside(d: Path, suffix: str) -> Path:
     return d.with_name(d.name + suffix)
 
-def stash_dirs(dirs:list[Path]):
+
+def stash_dirs(dirs: list[Path]):
     "Before a write: set the complete folders aside as `<name>.prev`, `dirs[0]` (the writer's last) first."
     for d in map(Path, dirs):
         if d.exists():
             os.replace(d, _aside(d, ".prev"))
 
-def restore_dirs(dirs:list[Path]) -> bool:
+
+def restore_dirs(dirs: list[Path]) -> bool:
     "Put a stashed set back if its write did not complete (True); drop what a committed write left behind."
     dirs = [Path(d) for d in dirs]
     interrupted = _aside(dirs[0], ".prev").exists()
@@ -148,7 +163,8 @@ def restore_dirs(dirs:list[Path]) -> bool:
         shutil.rmtree(_aside(d, ".old"), ignore_errors=True)
     return interrupted
 
-def commit_dirs(dirs:list[Path]) -> bool:
+
+def commit_dirs(dirs: list[Path]) -> bool:
     "After a write: make the new set current and drop the old one (True); put the old one back if nothing was written."
     dirs = [Path(d) for d in dirs]
     if not dirs[0].exists():  # the writer wrote nothing: the stashed set stays the current one
@@ -163,28 +179,37 @@ def commit_dirs(dirs:list[Path]) -> bool:
 class OutputPathError(ValueError):
     "An output path that cannot be a folder (a file, or a file among its parents)."
 
-def check_output_dir(path:str|Path, # the folder a command will write into
-                     option:str="--out", # what named it, for the error
-                    ):
+
+def check_output_dir(
+    path: str | Path,  # the folder a command will write into
+    option: str = "--out",  # what named it, for the error
+):
     "Refuse (one-line `OutputPathError`) an output folder that is a file or lies below one; makes nothing."
     p = Path(path)
     for q in (p, *p.parents):
         if q.exists() or q.is_symlink():
             if not q.is_dir():
-                raise OutputPathError(f"{option} {path}: " + ("that is a file, not a folder" if q == p else f"{q} is a file")
-                                      + "; give a folder (it is made if missing)")
+                raise OutputPathError(
+                    f"{option} {path}: "
+                    + ("that is a file, not a folder" if q == p else f"{q} is a file")
+                    + "; give a folder (it is made if missing)"
+                )
             return
 
-def output_dir(path:str|Path, # the folder a command writes into (made if missing)
-               option:str="--out", # what named it, for the error
-              ) -> Path:
+
+def output_dir(
+    path: str | Path,  # the folder a command writes into (made if missing)
+    option: str = "--out",  # what named it, for the error
+) -> Path:
     "`path` as an output folder, made if missing; a file there (or among its parents) is a one-line `OutputPathError`."
     check_output_dir(path, option)
     Path(path).mkdir(parents=True, exist_ok=True)
     return Path(path)
 
-def drop_links(root:str|Path, # an output folder
-              ) -> list[Path]: # the links removed
+
+def drop_links(
+    root: str | Path,  # an output folder
+) -> list[Path]:  # the links removed
     "Remove every symbolic link below `root` (not what it points at), so that no output is written through one."
     gone = []
     for dirpath, dirnames, filenames in os.walk(root):  # os.walk does not descend into linked folders

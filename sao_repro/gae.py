@@ -28,11 +28,11 @@ def _check_gae_inputs(rewards, values, loss_mask, lam):
 
 # %% ../nbs/11_gae.ipynb #e1a69348
 def gae_reference(
-    rewards:torch.Tensor, # [B, T] per-token rewards (only action tokens are read)
-    values:torch.Tensor, # [B, T] critic values (only action tokens are read)
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
-    gamma:float=1.0, # discount
-    lam:float|torch.Tensor=1.0, # GAE lambda, a float or a [B] tensor
+    rewards: torch.Tensor,  # [B, T] per-token rewards (only action tokens are read)
+    values: torch.Tensor,  # [B, T] critic values (only action tokens are read)
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
+    gamma: float = 1.0,  # discount
+    lam: float | torch.Tensor = 1.0,  # GAE lambda, a float or a [B] tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`skip_obs_gae` as a plain loop (CleanRL's `lastgaelam`, `nextvalue`), its test oracle: the same equation, GAE
     (arXiv:1506.02438, eq. 16) over action tokens only (SAO, arXiv:2607.07508, eq. 4-5).
@@ -54,13 +54,16 @@ def gae_reference(
 # %% ../nbs/11_gae.ipynb #392d0224
 _MIN_LOG_DECAY = math.log(1e-15)
 
+
 def _max_span(dtype) -> float:
     "Largest |log scale| a block may span without exp() overflowing `dtype`."
     return 600.0 if dtype == torch.float64 else 60.0
 
-def suffix_sum(x:torch.Tensor) -> torch.Tensor:
+
+def suffix_sum(x: torch.Tensor) -> torch.Tensor:
     "Reversed cumulative sum along the last dim: out_t = sum_{j>=t} x_j."
     return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
+
 
 def _suffix_scan(x, log_decay):
     "One block: X_t = exp(-P_t) * sum_{j>=t} exp(P_j) x_j along the last dim; also returns P."
@@ -69,8 +72,8 @@ def _suffix_scan(x, log_decay):
 
 # %% ../nbs/11_gae.ipynb #139c05aa
 def reverse_linear_scan(
-    x:torch.Tensor, # [..., N] increments
-    log_decay:torch.Tensor, # [..., N], broadcastable to x: log of the decay d_t <= 1 applied to X_{t+1}
+    x: torch.Tensor,  # [..., N] increments
+    log_decay: torch.Tensor,  # [..., N], broadcastable to x: log of the decay d_t <= 1 applied to X_{t+1}
 ) -> torch.Tensor:
     "Solve X_t = x_t + exp(log_decay_t) * X_{t+1} (X_N = 0) along the last dim, without a loop over N."
     N = x.shape[-1]
@@ -97,11 +100,11 @@ def reverse_linear_scan(
 
 # %% ../nbs/11_gae.ipynb #8d02cfe6
 def skip_obs_gae(
-    rewards:torch.Tensor, # [B, T] per-token rewards (only action tokens are read)
-    values:torch.Tensor, # [B, T] critic values (only action tokens are read)
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
-    gamma:float=1.0, # discount
-    lam:float|torch.Tensor=1.0, # GAE lambda, a float or a [B] tensor (per-sequence lambda)
+    rewards: torch.Tensor,  # [B, T] per-token rewards (only action tokens are read)
+    values: torch.Tensor,  # [B, T] critic values (only action tokens are read)
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
+    gamma: float = 1.0,  # discount
+    lam: float | torch.Tensor = 1.0,  # GAE lambda, a float or a [B] tensor (per-sequence lambda)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Skip-obs GAE: A_t = sum_{l>=0} (gamma * lambda)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t; R = A + V.
 
@@ -132,11 +135,11 @@ def skip_obs_gae(
 
 # %% ../nbs/11_gae.ipynb #d5760e1c
 def areal_style_gae(
-    rewards:torch.Tensor, # [B, T] per-token rewards
-    values:torch.Tensor, # [B, T] critic values
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
-    gamma:float=1.0, # discount
-    lam:float|torch.Tensor=1.0, # GAE lambda, a float or a [B] tensor
+    rewards: torch.Tensor,  # [B, T] per-token rewards
+    values: torch.Tensor,  # [B, T] critic values
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
+    gamma: float = 1.0,  # discount
+    lam: float | torch.Tensor = 1.0,  # GAE lambda, a float or a [B] tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "The per-position batch loop of AReaL 1.0.4's `_compute_advantages`, in our conventions."
     lam_t = _check_gae_inputs(rewards, values, loss_mask, lam).to(rewards)
@@ -156,8 +159,8 @@ def areal_style_gae(
 
 # %% ../nbs/11_gae.ipynb #c6efd530
 def sequence_reward_to_tokens(
-    reward:torch.Tensor, # [B] one reward per sequence
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
+    reward: torch.Tensor,  # [B] one reward per sequence
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
 ) -> torch.Tensor:
     "[B, T] tensor with each row's reward on its last action token (rows without actions: all zero)."
     check_shape("loss_mask", loss_mask, (None, None))
@@ -165,15 +168,17 @@ def sequence_reward_to_tokens(
     B, T = loss_mask.shape
     pos = torch.arange(T, device=loss_mask.device).expand(B, T)
     last = torch.where(loss_mask, pos, torch.full_like(pos, -1)).max(1).values
-    out = torch.zeros(B, T, dtype=reward.dtype if reward.is_floating_point() else torch.float32, device=loss_mask.device)
+    out = torch.zeros(
+        B, T, dtype=reward.dtype if reward.is_floating_point() else torch.float32, device=loss_mask.device
+    )
     has = last >= 0
     out[has.nonzero().squeeze(1), last[has]] = reward[has].to(out.dtype)
     return out
 
 # %% ../nbs/11_gae.ipynb #7bb52d2c
 def adaptive_lambda(
-    lengths:torch.Tensor, # [B] number of action tokens per sequence
-    alpha:float=1.5, # the paper's alpha
+    lengths: torch.Tensor,  # [B] number of action tokens per sequence
+    alpha: float = 1.5,  # the paper's alpha
 ) -> torch.Tensor:
     """Length-adaptive GAE lambda: lambda_b = clip(1 - 1 / (alpha * l_b), 0, 1), l_b the action-token count of row b.
 

@@ -20,10 +20,11 @@ __all__ = ['AGG_MODES', 'POLICY_FORMS', 'POLICY_LOSSES', 'register_policy_loss',
 # %% ../nbs/13_loss.ipynb #c1dee5ea
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum")
 
+
 def agg_loss(
-    loss_mat:torch.Tensor, # [B, T] per-token loss
-    loss_mask:torch.Tensor, # [B, T] bool, the tokens that count (and form the denominator)
-    agg:str="token-mean", # one of AGG_MODES
+    loss_mat: torch.Tensor,  # [B, T] per-token loss
+    loss_mask: torch.Tensor,  # [B, T] bool, the tokens that count (and form the denominator)
+    agg: str = "token-mean",  # one of AGG_MODES
 ) -> torch.Tensor:
     "Reduce a per-token loss to a scalar; junk off the mask is ignored."
     check_mask("loss_mask", loss_mask, loss_mat)
@@ -32,7 +33,11 @@ def agg_loss(
     if agg == "token-sum":
         return masked_sum(loss_mat, loss_mask)
     if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        per_seq = masked_mean(loss_mat, loss_mask, dim=1) if agg == "seq-mean-token-mean" else masked_sum(loss_mat, loss_mask, dim=1)
+        per_seq = (
+            masked_mean(loss_mat, loss_mask, dim=1)
+            if agg == "seq-mean-token-mean"
+            else masked_sum(loss_mat, loss_mask, dim=1)
+        )
         return masked_mean(per_seq, loss_mask.any(1))
     raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGG_MODES)}")
 
@@ -43,26 +48,32 @@ register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.lookup
 list_policy_losses = POLICY_LOSSES.names
 
+
 @dataclass(frozen=True)
 class PolicyLossConfig:
     "Knobs shared by the policy losses."
-    band: tuple[float, float] | None = None # DIS band (lo, hi) on the ratio; None: no DIS
-    eps_clip: float = 0.2 # PPO clip
-    eps_clip_higher: float | None = None # upper clip; defaults to eps_clip
-    level: str = "token" # DIS level: "token" or "sequence"
 
-def policy_loss_name(band:tuple|None, # the setting's DIS band (None: no DIS)
-                     form:str="direct", # one of POLICY_FORMS
-                    ) -> str:
+    band: tuple[float, float] | None = None  # DIS band (lo, hi) on the ratio; None: no DIS
+    eps_clip: float = 0.2  # PPO clip
+    eps_clip_higher: float | None = None  # upper clip; defaults to eps_clip
+    level: str = "token"  # DIS level: "token" or "sequence"
+
+
+def policy_loss_name(
+    band: tuple | None,  # the setting's DIS band (None: no DIS)
+    form: str = "direct",  # one of POLICY_FORMS
+) -> str:
     """The registered loss: `ppo_clip` without a band in the direct form, otherwise `dis_<form>` (`dis_decoupled`
     without a band is AReaL's decoupled PPO without `rejection_sampling`: nothing masked)."""
     if form not in POLICY_FORMS:
         raise ValueError(f"unknown policy loss form {form!r}; valid: {', '.join(POLICY_FORMS)}")
     return "ppo_clip" if band is None and form == "direct" else f"dis_{form}"
 
+
 def _keep(ratio_logp, behav_logp, loss_mask, cfg):
     "The DIS keep-mask on the ratio exp(ratio_logp - behav_logp); every action token without a band."
     return loss_mask if cfg.band is None else dis_mask(ratio_logp, behav_logp, loss_mask, cfg.band, cfg.level)
+
 
 def _clipped_surrogate(ratio, adv, eps_clip, eps_clip_higher):
     "PPO's pessimistic surrogate -min(ratio*A, clip(ratio)*A) and the mask of clipped tokens."
@@ -74,25 +85,29 @@ def _clipped_surrogate(ratio, adv, eps_clip, eps_clip_higher):
 # %% ../nbs/13_loss.ipynb #cbaada6c
 class PolicyLossResult(NamedTuple):
     "What every policy loss returns: per-token pieces that `policy_loss` reduces and measures, each [B, T]."
-    loss_mat: torch.Tensor # per-token loss (only read where `keep` is True)
-    keep: torch.Tensor # bool, the tokens that enter the loss
-    clipped: torch.Tensor # bool, the tokens where PPO's clip is active
-    dis_logp: torch.Tensor # the log-probs whose ratio to `behav_logp` DIS measures: `logp` or `prox_logp`
+
+    loss_mat: torch.Tensor  # per-token loss (only read where `keep` is True)
+    keep: torch.Tensor  # bool, the tokens that enter the loss
+    clipped: torch.Tensor  # bool, the tokens where PPO's clip is active
+    dis_logp: torch.Tensor  # the log-probs whose ratio to `behav_logp` DIS measures: `logp` or `prox_logp`
+
 
 class PolicyLossFn(Protocol):
     "The one signature of every registered policy loss."
-    def __call__(self,
-                 logp:torch.Tensor, # [B, T] log-probs of the policy being trained (with gradient)
-                 behav_logp:torch.Tensor, # [B, T] behaviour log-probs (detached)
-                 prox_logp:torch.Tensor|None, # [B, T] proximal log-probs (detached; None where the loss reads none)
-                 advantages:torch.Tensor, # [B, T], zero off the mask (detached)
-                 loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
-                 cfg:PolicyLossConfig, # the shared knobs
-                ) -> PolicyLossResult: ...
+
+    def __call__(
+        self,
+        logp: torch.Tensor,  # [B, T] log-probs of the policy being trained (with gradient)
+        behav_logp: torch.Tensor,  # [B, T] behaviour log-probs (detached)
+        prox_logp: torch.Tensor | None,  # [B, T] proximal log-probs (detached; None where the loss reads none)
+        advantages: torch.Tensor,  # [B, T], zero off the mask (detached)
+        loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
+        cfg: PolicyLossConfig,  # the shared knobs
+    ) -> PolicyLossResult: ...
 
 # %% ../nbs/13_loss.ipynb #cfbc82eb
 @register_policy_loss("ppo_clip")
-def ppo_clip(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
+def ppo_clip(logp, behav_logp, prox_logp, advantages, loss_mask, cfg: PolicyLossConfig) -> PolicyLossResult:
     """PPO's clipped surrogate: l_t = -min(w_t A_t, clip(w_t, 1 - eps, 1 + eps_high) A_t), w_t = pi_theta / pi_old.
 
     Schulman et al. 2017 (arXiv:1707.06347) eq. 7 with the rollout policy as pi_old: w_t = exp(logp_t - behav_logp_t),
@@ -104,8 +119,9 @@ def ppo_clip(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossC
     loss_mat, clipped = _clipped_surrogate(w, advantages, cfg.eps_clip, cfg.eps_clip_higher)
     return PolicyLossResult(loss_mat, keep=loss_mask, clipped=clipped, dis_logp=logp)
 
+
 @register_policy_loss("dis_direct")
-def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
+def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg: PolicyLossConfig) -> PolicyLossResult:
     """DIS policy loss, direct form: l_t = -k_t w_t A_t, w_t = pi_theta / pi_rollout, k_t the keep-mask of `dis_mask`.
 
     SAO (arXiv:2607.07508) eq. 1-3: L = -E[f(r) A log pi_theta] with f(r) = k r carrying no gradient; l_t has the same
@@ -117,8 +133,9 @@ def dis_direct(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLos
     w = torch.exp(torch.where(keep, logp - behav_logp, 0.0))
     return PolicyLossResult(-w * advantages, keep=keep, clipped=torch.zeros_like(keep), dis_logp=logp)
 
+
 @register_policy_loss("dis_decoupled")
-def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg:PolicyLossConfig) -> PolicyLossResult:
+def dis_decoupled(logp, behav_logp, prox_logp, advantages, loss_mask, cfg: PolicyLossConfig) -> PolicyLossResult:
     """DIS loss, decoupled: l_t = -k_t (pi_prox / pi_rollout) min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps_high) A_t).
 
     rho_t = pi_theta / pi_prox; k_t = `dis_mask` on pi_prox / pi_rollout. The decoupled PPO objective of Hilton et al.
@@ -141,25 +158,27 @@ def _check_policy_inputs(logp, behav_logp, advantages, loss_mask, name, prox_log
     check_mask("loss_mask", loss_mask, logp)
     if name == "dis_decoupled":
         if prox_logp is None:
-            raise ValueError("form='decoupled' needs `prox_logp` (the proximal policy's log-probs, [B, T]); "
-                             "or use form='direct'")
+            raise ValueError(
+                "form='decoupled' needs `prox_logp` (the proximal policy's log-probs, [B, T]); or use form='direct'"
+            )
         check_shape("prox_logp", prox_logp, tuple(logp.shape))
 
+
 def policy_loss(
-    logp:torch.Tensor, # [B, T] log-probs of the policy being trained (with gradient)
-    behav_logp:torch.Tensor, # [B, T] log-probs recorded by the rollout engine
-    advantages:torch.Tensor, # [B, T]
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
+    logp: torch.Tensor,  # [B, T] log-probs of the policy being trained (with gradient)
+    behav_logp: torch.Tensor,  # [B, T] log-probs recorded by the rollout engine
+    advantages: torch.Tensor,  # [B, T]
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
     *,
-    band:tuple[float, float]|None=None, # DIS band (lo, hi); None: no DIS (`ppo_clip`)
-    form:str="direct", # with a band: "direct" (`dis_direct`, the paper's) or "decoupled" (`dis_decoupled`, AReaL's)
-    prox_logp:torch.Tensor|None=None, # [B, T] proximal log-probs, needed by form="decoupled"
-    eps_clip:float=0.2, # PPO clip (`ppo_clip` and `dis_decoupled`)
-    eps_clip_higher:float|None=None, # upper clip; defaults to eps_clip
-    agg:str="token-mean", # reduction, see `agg_loss`
-    dropped_in_denominator:bool=True, # dropped tokens still count in the denominator (AReaL's choice)
-    level:str="token", # DIS level: "token" or "sequence"
-    dis_stats:bool=True, # add the `dis/` metrics (with a band); False when the caller measures DIS on a larger batch
+    band: tuple[float, float] | None = None,  # DIS band (lo, hi); None: no DIS (`ppo_clip`)
+    form: str = "direct",  # with a band: "direct" (`dis_direct`, the paper's) or "decoupled" (`dis_decoupled`, AReaL's)
+    prox_logp: torch.Tensor | None = None,  # [B, T] proximal log-probs, needed by form="decoupled"
+    eps_clip: float = 0.2,  # PPO clip (`ppo_clip` and `dis_decoupled`)
+    eps_clip_higher: float | None = None,  # upper clip; defaults to eps_clip
+    agg: str = "token-mean",  # reduction, see `agg_loss`
+    dropped_in_denominator: bool = True,  # dropped tokens still count in the denominator (AReaL's choice)
+    level: str = "token",  # DIS level: "token" or "sequence"
+    dis_stats: bool = True,  # add the `dis/` metrics (with a band); False when the caller measures DIS on a larger batch
 ) -> tuple[torch.Tensor, dict[str, float]]:
     "The registered policy loss the band and form name, reduced, with its metrics (`actor/`, and `dis/` with a band)."
     name = policy_loss_name(band, form)
@@ -177,22 +196,24 @@ def policy_loss(
 
 # %% ../nbs/13_loss.ipynb #a04f62fc
 @torch.no_grad()
-def _actor_metrics(loss, logp, behav, res:PolicyLossResult, loss_mask) -> dict[str, float]:
+def _actor_metrics(loss, logp, behav, res: PolicyLossResult, loss_mask) -> dict[str, float]:
     "The `actor/` metrics of a policy loss."
     lr = torch.where(loss_mask, (logp.detach() - behav).nan_to_num(0.0, 0.0, 0.0), torch.zeros(()))
-    return {"actor/loss": float(loss.detach()),
-            "actor/clip_frac": float(masked_mean(res.clipped.float(), res.keep)),
-            "actor/approx_kl": float(masked_mean(0.5 * lr ** 2, loss_mask)),
-            "actor/kept_tokens": int(res.keep.sum())}
+    return {
+        "actor/loss": float(loss.detach()),
+        "actor/clip_frac": float(masked_mean(res.clipped.float(), res.keep)),
+        "actor/approx_kl": float(masked_mean(0.5 * lr**2, loss_mask)),
+        "actor/kept_tokens": int(res.keep.sum()),
+    }
 
 # %% ../nbs/13_loss.ipynb #ff4f428b
 def value_loss(
-    values:torch.Tensor, # [B, T] current critic values (with gradient)
-    old_values:torch.Tensor, # [B, T] values when the batch was collected
-    returns:torch.Tensor, # [B, T] targets
-    loss_mask:torch.Tensor, # [B, T] bool, True on action tokens
-    eps_clip:float|None=0.5, # value clip; None disables it
-    agg:str="token-mean", # reduction, see `agg_loss`
+    values: torch.Tensor,  # [B, T] current critic values (with gradient)
+    old_values: torch.Tensor,  # [B, T] values when the batch was collected
+    returns: torch.Tensor,  # [B, T] targets
+    loss_mask: torch.Tensor,  # [B, T] bool, True on action tokens
+    eps_clip: float | None = 0.5,  # value clip; None disables it
+    agg: str = "token-mean",  # reduction, see `agg_loss`
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss L = 1/2 agg_t max((V_t - R_t)^2, (Vc_t - R_t)^2), Vc = V_old + clip(V - V_old, -eps, eps).
 
@@ -216,5 +237,7 @@ def value_loss(
         err_clip = (v_clip - ret) ** 2
         loss_mat, clipped = torch.maximum(err, err_clip), err_clip > err
     loss = 0.5 * agg_loss(loss_mat, loss_mask, agg)
-    return loss, {"critic/value_loss": float(loss.detach()),
-                  "critic/clip_frac": float(masked_mean(clipped.float(), loss_mask))}
+    return loss, {
+        "critic/value_loss": float(loss.detach()),
+        "critic/clip_frac": float(masked_mean(clipped.float(), loss_mask)),
+    }

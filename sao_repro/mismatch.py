@@ -15,19 +15,30 @@ from .core import check_shape, check_mask
 __all__ = ['MISMATCH_KEYS', 'lag_metrics', 'mismatch_metrics', 'mismatch_reference']
 
 # %% ../nbs/16_mismatch.ipynb #e7b4dc59
-MISMATCH_KEYS = ("mismatch/k3_kl", "mismatch/k3_kl_all", "mismatch/lag_mean", "mismatch/lag_max", "mismatch/current_frac",
-                 "mismatch/ess", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/log_ratio_p01",
-                 "mismatch/log_ratio_p99", "mismatch/nonfinite_frac")
+MISMATCH_KEYS = (
+    "mismatch/k3_kl",
+    "mismatch/k3_kl_all",
+    "mismatch/lag_mean",
+    "mismatch/lag_max",
+    "mismatch/current_frac",
+    "mismatch/ess",
+    "mismatch/ratio_min",
+    "mismatch/ratio_max",
+    "mismatch/log_ratio_p01",
+    "mismatch/log_ratio_p99",
+    "mismatch/nonfinite_frac",
+)
 
-def _k3(lr:torch.Tensor) -> torch.Tensor:
+
+def _k3(lr: torch.Tensor) -> torch.Tensor:
     "k3 = r - 1 - log r from log r (float64; exact near r = 1)."
     return torch.expm1(lr) - lr
 
 # %% ../nbs/16_mismatch.ipynb #79922902
 def lag_metrics(
-    versions:torch.Tensor, # [B, T] int: the weight version that generated each token (anything off the mask)
-    loss_mask:torch.Tensor, # [B, T] bool: the generated tokens; only these count
-    trainer_version:int, # V: the trainer's weight version at this step
+    versions: torch.Tensor,  # [B, T] int: the weight version that generated each token (anything off the mask)
+    loss_mask: torch.Tensor,  # [B, T] bool: the generated tokens; only these count
+    trainer_version: int,  # V: the trainer's weight version at this step
 ) -> dict[str, float]:
     """`mismatch/lag_mean`, `_max` (V - version over the generated tokens) and `mismatch/current_frac` (the share of
     version V): what can be said without the trainer's log-probs. {} without generated tokens."""
@@ -38,17 +49,20 @@ def lag_metrics(
     if n_gen == 0:
         return {}
     lag = int(trainer_version) - versions[loss_mask].long()
-    return {"mismatch/lag_mean": float(lag.double().mean()), "mismatch/lag_max": float(lag.max()),
-            "mismatch/current_frac": int((lag == 0).sum()) / n_gen}
+    return {
+        "mismatch/lag_mean": float(lag.double().mean()),
+        "mismatch/lag_max": float(lag.max()),
+        "mismatch/current_frac": int((lag == 0).sum()) / n_gen,
+    }
 
 # %% ../nbs/16_mismatch.ipynb #d5d6abfb
 @torch.no_grad()
 def mismatch_metrics(
-    logp:torch.Tensor, # [B, T] the trainer's log-probs of the generated tokens (before its update)
-    behav_logp:torch.Tensor, # [B, T] the rollout engine's log-probs of the same tokens
-    versions:torch.Tensor, # [B, T] int: the weight version that generated each token (anything off the mask)
-    loss_mask:torch.Tensor, # [B, T] bool: the generated tokens; only these count
-    trainer_version:int, # V: the trainer's weight version at this step
+    logp: torch.Tensor,  # [B, T] the trainer's log-probs of the generated tokens (before its update)
+    behav_logp: torch.Tensor,  # [B, T] the rollout engine's log-probs of the same tokens
+    versions: torch.Tensor,  # [B, T] int: the weight version that generated each token (anything off the mask)
+    loss_mask: torch.Tensor,  # [B, T] bool: the generated tokens; only these count
+    trainer_version: int,  # V: the trainer's weight version at this step
 ) -> dict[str, float]:
     """Engine-vs-trainer mismatch apart from policy lag, under `mismatch/` (see `MISMATCH_KEYS`).
     log r = logp - behav_logp per generated token; k3 = r - 1 - log r (Schulman's KL estimator);
@@ -74,15 +88,20 @@ def mismatch_metrics(
     if cur.any():
         out["mismatch/k3_kl"] = float(_k3(lr_all[cur]).mean())
     p01, p99 = np.quantile(lr.cpu().numpy(), (0.01, 0.99))
-    out.update({"mismatch/k3_kl_all": float(_k3(lr).mean()),
-                "mismatch/ess": math.exp(float(2 * torch.logsumexp(lr, 0) - torch.logsumexp(2 * lr, 0)) - math.log(n)),
-                "mismatch/ratio_min": math.exp(min(float(lr.min()), 700.0)),
-                "mismatch/ratio_max": math.exp(min(float(lr.max()), 700.0)),
-                "mismatch/log_ratio_p01": float(p01), "mismatch/log_ratio_p99": float(p99)})
+    out.update(
+        {
+            "mismatch/k3_kl_all": float(_k3(lr).mean()),
+            "mismatch/ess": math.exp(float(2 * torch.logsumexp(lr, 0) - torch.logsumexp(2 * lr, 0)) - math.log(n)),
+            "mismatch/ratio_min": math.exp(min(float(lr.min()), 700.0)),
+            "mismatch/ratio_max": math.exp(min(float(lr.max()), 700.0)),
+            "mismatch/log_ratio_p01": float(p01),
+            "mismatch/log_ratio_p99": float(p99),
+        }
+    )
     return out
 
 # %% ../nbs/16_mismatch.ipynb #c5c0707f
-def mismatch_reference(logp, behav_logp, versions, loss_mask, trainer_version:int) -> dict[str, float]:
+def mismatch_reference(logp, behav_logp, versions, loss_mask, trainer_version: int) -> dict[str, float]:
     "`mismatch_metrics` as a plain loop over the tokens (the test reference; slow)."
     lrs, cur, lags, n_gen, n_cur = [], [], [], 0, 0
     for b in range(loss_mask.shape[0]):
@@ -101,20 +120,32 @@ def mismatch_reference(logp, behav_logp, versions, loss_mask, trainer_version:in
     if n_gen == 0:
         return {}
     k3 = lambda x: math.expm1(x) - x
-    out = {"mismatch/lag_mean": sum(lags) / n_gen, "mismatch/lag_max": float(max(lags)),
-           "mismatch/current_frac": n_cur / n_gen, "mismatch/nonfinite_frac": 1.0 - len(lrs) / n_gen}
+    out = {
+        "mismatch/lag_mean": sum(lags) / n_gen,
+        "mismatch/lag_max": float(max(lags)),
+        "mismatch/current_frac": n_cur / n_gen,
+        "mismatch/nonfinite_frac": 1.0 - len(lrs) / n_gen,
+    }
     if not lrs:
         return out
     if cur:
         out["mismatch/k3_kl"] = sum(map(k3, cur)) / len(cur)
     w = [math.exp(x) for x in lrs]
     s = sorted(lrs)
+
     def q(p):  # linear interpolation between order statistics, as numpy's default
         h = (len(s) - 1) * p
         i = math.floor(h)
         return s[i] + (h - i) * (s[min(i + 1, len(s) - 1)] - s[i])
-    out.update({"mismatch/k3_kl_all": sum(map(k3, lrs)) / len(lrs),
-                "mismatch/ess": sum(w) ** 2 / (len(w) * sum(x * x for x in w)),
-                "mismatch/ratio_min": min(w), "mismatch/ratio_max": max(w),
-                "mismatch/log_ratio_p01": q(0.01), "mismatch/log_ratio_p99": q(0.99)})
+
+    out.update(
+        {
+            "mismatch/k3_kl_all": sum(map(k3, lrs)) / len(lrs),
+            "mismatch/ess": sum(w) ** 2 / (len(w) * sum(x * x for x in w)),
+            "mismatch/ratio_min": min(w),
+            "mismatch/ratio_max": max(w),
+            "mismatch/log_ratio_p01": q(0.01),
+            "mismatch/log_ratio_p99": q(0.99),
+        }
+    )
     return out

@@ -17,6 +17,7 @@ __all__ = ['kernel_transport', 'kernel_manager_class', 'run_notebook']
 def _kernel_env():
     "Let the papermill kernel import this sao_repro even when it is not pip-installed."
     import sao_repro
+
     root = str(Path(sao_repro.__file__).resolve().parent.parent)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
@@ -27,34 +28,50 @@ def kernel_transport(folder) -> dict:
     "KernelManager settings: IPC sockets in `folder` (private to one kernel) on POSIX, else TCP."
     if os.name != "posix":
         return {"transport": "tcp"}
-    return {"transport": "ipc", "ip": str(Path(folder)/"kernel")}
+    return {"transport": "ipc", "ip": str(Path(folder) / "kernel")}
+
 
 def kernel_manager_class(folder):
     "An AsyncKernelManager whose kernels use `kernel_transport(folder)` and keep their own log to critical errors."
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
+
     conf = kernel_transport(folder)
+
     class LocalKernelManager(AsyncKernelManager):
         @default("transport")
         def _transport_default(self):
             return conf["transport"]
+
         @default("ip")
         def _ip_default(self):
             return conf.get("ip", "127.0.0.1")
+
         def format_kernel_cmd(self, extra_arguments=None):
             return super().format_kernel_cmd([*(extra_arguments or []), "--IPKernelApp.log_level=CRITICAL"])
+
     return LocalKernelManager
 
-def run_notebook(notebook, # the notebook to execute
-                 out_nb, # where the executed copy is written
-                 parameters:dict|None=None, # papermill parameters
-                 **kwargs, # further papermill.execute_notebook arguments (cwd, execution_timeout, ...)
-                ) -> Path:
+
+def run_notebook(
+    notebook,  # the notebook to execute
+    out_nb,  # where the executed copy is written
+    parameters: dict | None = None,  # papermill parameters
+    **kwargs,  # further papermill.execute_notebook arguments (cwd, execution_timeout, ...)
+) -> Path:
     "Execute a notebook with papermill on a local python3 kernel that imports this sao_repro."
     import papermill as pm
+
     _kernel_env()
     Path(out_nb).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sao-kernel-") as sockets:
-        pm.execute_notebook(str(notebook), str(out_nb), parameters=parameters or {}, kernel_name="python3",
-                            progress_bar=False, kernel_manager_class=kernel_manager_class(sockets), **kwargs)
+        pm.execute_notebook(
+            str(notebook),
+            str(out_nb),
+            parameters=parameters or {},
+            kernel_name="python3",
+            progress_bar=False,
+            kernel_manager_class=kernel_manager_class(sockets),
+            **kwargs,
+        )
     return Path(out_nb)

@@ -26,21 +26,27 @@ RESULTS_DIRS = ("nbs/results", "report/results")  # where results files live, re
 REQUIRED = ("name", "command", "commit", "made", "sources", "fingerprint", "markdown")
 UNRECORDED = "unrecorded"  # the fingerprint of a result made before its code was fingerprinted (never matches)
 
-def source_files(sources:list[str], # files and folders relative to `root`
-                 root:str|Path, # the repository root
-                ) -> list[tuple[str, Path|None]]:
+
+def source_files(
+    sources: list[str],  # files and folders relative to `root`
+    root: str | Path,  # the repository root
+) -> list[tuple[str, Path | None]]:
     "(relative path, file) of every source file in path order; a missing source gives (its name, None)."
     root, out = Path(root), []
     for s in sources:
         p = root / s
         if p.is_dir():
-            out += [(f.relative_to(root).as_posix(), f) for f in p.rglob("*") if f.is_file()
-                    and "__pycache__" not in f.parts and f.suffix != ".pyc" and not f.name.startswith(".")]
+            out += [
+                (f.relative_to(root).as_posix(), f)
+                for f in p.rglob("*")
+                if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc" and not f.name.startswith(".")
+            ]
         else:
             out.append((Path(s).as_posix(), p if p.is_file() else None))
     return sorted(out, key=lambda x: x[0])
 
-def fingerprint(sources:list[str], root:str|Path|None=None) -> str:
+
+def fingerprint(sources: list[str], root: str | Path | None = None) -> str:
     "SHA-256 over each source file's relative path and SHA-256 (a missing source counts as 'missing')."
     h = hashlib.sha256()
     for rel, f in source_files(sources, root or repo_dir()):
@@ -48,7 +54,7 @@ def fingerprint(sources:list[str], root:str|Path|None=None) -> str:
     return h.hexdigest()
 
 # %% ../nbs/16_results.ipynb #18903bcc
-def git_state(root:str|Path|None=None) -> tuple[str, bool]:
+def git_state(root: str | Path | None = None) -> tuple[str, bool]:
     "(HEAD commit, whether the tracked files differ from it) of the checkout at `root`; ('unknown', False) outside git."
     run = lambda *a: subprocess.run(["git", *a], cwd=root or repo_dir(), capture_output=True, text=True)
     head = run("rev-parse", "HEAD")
@@ -56,33 +62,46 @@ def git_state(root:str|Path|None=None) -> tuple[str, bool]:
         return "unknown", False
     return head.stdout.strip(), bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
 
-def commit_time(commit:str, root:str|Path|None=None) -> int|None:
+
+def commit_time(commit: str, root: str | Path | None = None) -> int | None:
     "The commit's time (seconds since the epoch), None when git does not know it."
-    r = subprocess.run(["git", "show", "-s", "--format=%ct", commit], cwd=root or repo_dir(), capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "show", "-s", "--format=%ct", commit], cwd=root or repo_dir(), capture_output=True, text=True
+    )
     return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
 
-def record(path:str|Path, # the results file to write (<dir>/<name>.json)
-           command:str, # the shell command, run from the repository root, that makes this result again
-           sources:list[str], # files and folders (relative to the root) holding the code behind it
-           markdown:str, # the output as the page shows it
-           values:dict|None=None, # numbers kept as data
-           root:str|Path|None=None, # the repository root (default: this checkout)
-           commit:str|None=None, # made at another commit than HEAD (with `fingerprint=UNRECORDED`)
-           fingerprint_:str|None=None, # default: the sources' fingerprint now
-          ) -> dict:
+
+def record(
+    path: str | Path,  # the results file to write (<dir>/<name>.json)
+    command: str,  # the shell command, run from the repository root, that makes this result again
+    sources: list[str],  # files and folders (relative to the root) holding the code behind it
+    markdown: str,  # the output as the page shows it
+    values: dict | None = None,  # numbers kept as data
+    root: str | Path | None = None,  # the repository root (default: this checkout)
+    commit: str | None = None,  # made at another commit than HEAD (with `fingerprint=UNRECORDED`)
+    fingerprint_: str | None = None,  # default: the sources' fingerprint now
+) -> dict:
     "Write a results file (atomically) and return what it holds."
     root = Path(root or repo_dir())
     head, dirty = git_state(root) if commit is None else (commit, False)
     made = time.gmtime() if commit is None else time.gmtime(commit_time(commit, root) or time.time())
-    rec = {"name": Path(path).stem, "command": command, "commit": head, "dirty": dirty,
-           "made": time.strftime("%Y-%m-%d %H:%M UTC", made), "sources": list(sources),
-           "fingerprint": fingerprint_ or fingerprint(sources, root), "markdown": markdown.strip() + "\n",
-           "values": values or {}}
+    rec = {
+        "name": Path(path).stem,
+        "command": command,
+        "commit": head,
+        "dirty": dirty,
+        "made": time.strftime("%Y-%m-%d %H:%M UTC", made),
+        "sources": list(sources),
+        "fingerprint": fingerprint_ or fingerprint(sources, root),
+        "markdown": markdown.strip() + "\n",
+        "values": values or {},
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(rec, indent=1, ensure_ascii=False) + "\n").encode())
     return rec
 
-def load(path:str|Path) -> dict:
+
+def load(path: str | Path) -> dict:
     "A results file's content; a file without a required key is an error naming it."
     try:
         rec = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -94,51 +113,66 @@ def load(path:str|Path) -> dict:
     return rec
 
 # %% ../nbs/16_results.ipynb #64b4990d
-def status(rec:dict, root:str|Path|None=None) -> str:
+def status(rec: dict, root: str | Path | None = None) -> str:
     "'fresh' when the sources give the saved fingerprint today, else 'stale'."
     return "fresh" if fingerprint(rec["sources"], root) == rec["fingerprint"] else "stale"
 
-def refresh_command(name:str) -> str:
+
+def refresh_command(name: str) -> str:
     return f"sao-repro results refresh {name}"
 
-def render(rec:dict, root:str|Path|None=None) -> str:
+
+def render(rec: dict, root: str | Path | None = None) -> str:
     "The result's markdown under a provenance line, and above both a stale banner when its code has changed."
     short = rec["commit"][:10]
     where = f"commit `{short}`" + (" with uncommitted changes" if rec.get("dirty") else "")
     head = f"*Made by `{rec['command']}` at {where}, {rec['made']} (results file `{rec['name']}.json`).*"
     if status(rec, root) == "stale":
-        why = ("made before its code was fingerprinted" if rec["fingerprint"] == UNRECORDED
-               else "the code behind it has changed since")
-        srcs = ", ".join(f"`{s}`" for s in rec["sources"][:3]) + (f" and {len(rec['sources']) - 3} more" if len(rec["sources"]) > 3 else "")
-        head = (f"> **Stale:** this result was made at commit `{short}`; {why} ({srcs}). "
-                f"Refresh it: `{refresh_command(rec['name'])}` (runs the command below).\n\n" + head)
+        why = (
+            "made before its code was fingerprinted"
+            if rec["fingerprint"] == UNRECORDED
+            else "the code behind it has changed since"
+        )
+        srcs = ", ".join(f"`{s}`" for s in rec["sources"][:3]) + (
+            f" and {len(rec['sources']) - 3} more" if len(rec["sources"]) > 3 else ""
+        )
+        head = (
+            f"> **Stale:** this result was made at commit `{short}`; {why} ({srcs}). "
+            f"Refresh it: `{refresh_command(rec['name'])}` (runs the command below).\n\n" + head
+        )
     return head + "\n\n" + rec["markdown"]
 
 # %% ../nbs/16_results.ipynb #7c930f08
-def results_files(root:str|Path|None=None) -> list[Path]:
+def results_files(root: str | Path | None = None) -> list[Path]:
     "Every results file of the checkout, in `RESULTS_DIRS` order then by name."
     root = Path(root or repo_dir())
     return [f for d in RESULTS_DIRS for f in sorted((root / d).glob("*.json"))]
 
-def find(name:str, root:str|Path|None=None) -> Path:
+
+def find(name: str, root: str | Path | None = None) -> Path:
     "The results file called `name`; an unknown name lists the known ones."
     files = results_files(root)
     for f in files:
         if f.stem == name:
             return f
-    raise ValueError(f"no results file {name!r} in {', '.join(RESULTS_DIRS)}; known: {', '.join(f.stem for f in files) or 'none'}")
+    raise ValueError(
+        f"no results file {name!r} in {', '.join(RESULTS_DIRS)}; known: {', '.join(f.stem for f in files) or 'none'}"
+    )
 
-def markdown(name:str, root:str|Path|None=None) -> str:
+
+def markdown(name: str, root: str | Path | None = None) -> str:
     "`render` of the results file called `name`."
     return render(load(find(name, root)), root)
 
-def show(name:str, root:str|Path|None=None):
+
+def show(name: str, root: str | Path | None = None):
     "Display the result called `name` in a notebook (the call the docs build and the report render)."
     from IPython.display import Markdown, display
+
     display(Markdown(markdown(name, root)))
 
 # %% ../nbs/16_results.ipynb #8da4b8d3
-def refresh(name:str, root:str|Path|None=None, log=print) -> int:
+def refresh(name: str, root: str | Path | None = None, log=print) -> int:
     "Run the command of result `name` from the root; 0 when it ran and recorded the result again."
     root = Path(root or repo_dir())
     path = find(name, root)
@@ -149,16 +183,22 @@ def refresh(name:str, root:str|Path|None=None, log=print) -> int:
         log(f"results: the command exited {rc}; {path} is unchanged")
         return rc
     if path.read_bytes() == before:
-        log(f"results: the command ran but did not record {path}: write it again from its output "
-            "(sao_repro.results.record)")
+        log(
+            f"results: the command ran but did not record {path}: write it again from its output "
+            "(sao_repro.results.record)"
+        )
         return 1
     log(f"results: {path} recorded, {status(load(path), root)}")
     return 0
 
-def results_main(argv:list[str]|None=None) -> int:
+
+def results_main(argv: list[str] | None = None) -> int:
     "`sao-repro results [refresh NAME]`."
-    p = argparse.ArgumentParser(prog="sao-repro results", description="List the results files the docs and the "
-                                "report quote, fresh or stale; `refresh NAME` runs a result's command to make it again.")
+    p = argparse.ArgumentParser(
+        prog="sao-repro results",
+        description="List the results files the docs and the "
+        "report quote, fresh or stale; `refresh NAME` runs a result's command to make it again.",
+    )
     p.add_argument("action", nargs="?", choices=("list", "refresh"), default="list")
     p.add_argument("name", nargs="?", help="the result to refresh (see the list)")
     p.add_argument("--root", default=None, help="repository root (default: this checkout)")

@@ -20,6 +20,7 @@ __all__ = ['RewardConfig', 'reward_config_from_env', 'set_reward_env', 'repo_dir
 @dataclass
 class RewardConfig:
     "Reward service settings (`reward:` in the run config)."
+
     backend: str = field(default="local", metadata={"help": "where verification runs", "choices": ["local", "ray"]})
     workers: int = field(default=2, metadata={"help": "worker processes (local) or Ray actors (ray)"})
     timeout_s: float = field(default=5.0, metadata={"help": "hard per-item limit; a hung item is killed and scores 0"})
@@ -35,9 +36,11 @@ class RewardConfig:
 # %% ../nbs/03_runconfig.ipynb #c392061a
 def reward_config_from_env() -> RewardConfig:
     "The process-wide pool's config, from SAO_REWARD_* environment variables."
-    return RewardConfig(backend=os.environ.get("SAO_REWARD_BACKEND", "local"),
-                        workers=int(os.environ.get("SAO_REWARD_WORKERS", "1")),
-                        timeout_s=float(os.environ.get("SAO_REWARD_TIMEOUT_S", "5")))
+    return RewardConfig(
+        backend=os.environ.get("SAO_REWARD_BACKEND", "local"),
+        workers=int(os.environ.get("SAO_REWARD_WORKERS", "1")),
+        timeout_s=float(os.environ.get("SAO_REWARD_TIMEOUT_S", "5")),
+    )
 
 
 def set_reward_env(cfg: RewardConfig):

@@ -33,22 +33,26 @@ EVENTS_FILE = "events.log"
 CONFIG_FILE = "config.json"
 
 # %% ../nbs/02_runlog.ipynb #a7c2e902
-def utf8_name(path, # a file or folder
-              what:str="folder", # what the warning calls it
-              name:str|None=None, # the name to check (default: the path's last part)
-             ) -> bool:
+def utf8_name(
+    path,  # a file or folder
+    what: str = "folder",  # what the warning calls it
+    name: str | None = None,  # the name to check (default: the path's last part)
+) -> bool:
     "True when `path`'s name is UTF-8; else False and a warning naming its bytes (the readers skip it)."
     try:
         (Path(path).name if name is None else name).encode("utf-8")
         return True
     except UnicodeEncodeError:
-        warnings.warn(f"skipped {what} {os.fsencode(path)!r}: its name is not UTF-8 (rename it to include it)", stacklevel=3)
+        warnings.warn(
+            f"skipped {what} {os.fsencode(path)!r}: its name is not UTF-8 (rename it to include it)", stacklevel=3
+        )
         return False
 
 # %% ../nbs/02_runlog.ipynb #44222dce
 MAX_STEP = 10**9
 
-def valid_step(x) -> int|None:
+
+def valid_step(x) -> int | None:
     "`x` as a step number (an integer 0 <= x <= MAX_STEP), or None."
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
@@ -58,19 +62,23 @@ def valid_step(x) -> int|None:
         return None
     return int(x)
 
-def _float_sized_int(text:str) -> int:
+
+def _float_sized_int(text: str) -> int:
     "`json`'s `parse_int`: the integer, or ValueError when it does not fit a float (as for any unreadable line)."
     if len(text) > 308 and not math.isfinite(float(text)):  # float() of the text: inf, where float() of the int raises
         raise ValueError(f"an integer of {len(text.lstrip('-'))} digits does not fit a float")
     return int(text)
 
+
 _DECODER = json.JSONDecoder(parse_int=_float_sized_int)
 
-def loads_record(raw:bytes|str):
+
+def loads_record(raw: bytes | str):
     "`json.loads` of one record, where an integer too large for a float is a ValueError (an unreadable line)."
     return _DECODER.decode(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
 
-def parse_record(raw:bytes|str) -> dict|None:
+
+def parse_record(raw: bytes | str) -> dict | None:
     "One metrics.jsonl line as a dict with a valid `step`, or None (torn, garbage, a bad step, a number too large)."
     try:
         obj = loads_record(raw)
@@ -81,9 +89,10 @@ def parse_record(raw:bytes|str) -> dict|None:
     return obj
 
 # %% ../nbs/02_runlog.ipynb #159c7b61
-def repair_lines(path:str|Path, # a line-per-record log
-                 valid, # valid(line: bytes) -> bool
-                ) -> int:
+def repair_lines(
+    path: str | Path,  # a line-per-record log
+    valid,  # valid(line: bytes) -> bool
+) -> int:
     "Drop the invalid lines of `path` (a torn or garbage tail); returns how many were dropped."
     p = Path(path)
     if not p.is_file():
@@ -100,7 +109,8 @@ def repair_lines(path:str|Path, # a line-per-record log
         write_atomic(p, b"".join(l + b"\n" for l in keep))
     return dropped
 
-def event_line_ok(raw:bytes) -> bool:
+
+def event_line_ok(raw: bytes) -> bool:
     "An `events.log` line: time, event name and JSON details separated by tabs."
     parts = raw.split(b"\t")
     if len(parts) != 3 or not parts[1].strip():
@@ -112,10 +122,10 @@ def event_line_ok(raw:bytes) -> bool:
 
 # %% ../nbs/02_runlog.ipynb #0ec6453d
 def log_event(
-    run_dir:str|Path, # the run folder (created if missing); empty: log nothing
-    event:str, # event name, e.g. start, resume, checkpoint, finish, error
-    **details, # JSON-able details (anything else is written as str)
-) -> str|None: # the line written (without its newline), or None
+    run_dir: str | Path,  # the run folder (created if missing); empty: log nothing
+    event: str,  # event name, e.g. start, resume, checkpoint, finish, error
+    **details,  # JSON-able details (anything else is written as str)
+) -> str | None:  # the line written (without its newline), or None
     "Append `UTC-time<TAB>EVENT<TAB>json details` to `<run_dir>/events.log`."
     if not run_dir:
         return None
@@ -132,10 +142,12 @@ def log_event(
 # %% ../nbs/02_runlog.ipynb #6eb8450a
 LOCK_FILE = ".lock"
 
+
 class RunFolderBusy(RuntimeError):
     "Another live process holds the run folder's lock."
 
-def _lock_holder(fd:int) -> dict:
+
+def _lock_holder(fd: int) -> dict:
     "What the lock file says of its holder: `pid`, `what`, `since` (empty while the holder is still writing it)."
     try:
         pid, what, since = os.pread(fd, 200, 0).decode().strip().split("\t")
@@ -143,10 +155,12 @@ def _lock_holder(fd:int) -> dict:
     except (ValueError, OSError):
         return {}
 
+
 @contextmanager
-def lock_run_dir(run_dir:str|Path, # the run folder (created if missing)
-                 what:str="run", # who holds it, as the refusal names it: run, rehearse, sweep
-                ):
+def lock_run_dir(
+    run_dir: str | Path,  # the run folder (created if missing)
+    what: str = "run",  # who holds it, as the refusal names it: run, rehearse, sweep
+):
     """Hold `<run_dir>/.lock` (flock) for the life of the block; yields the PID of a killed holder whose stale lock was
     taken over (else None). A lock held by another live process raises `RunFolderBusy` naming its PID; one held by
     this process's parent (a notebook kernel of a sweep or compare run) is its own."""
@@ -182,12 +196,13 @@ def lock_run_dir(run_dir:str|Path, # the run folder (created if missing)
         os.close(fd)
 
 # %% ../nbs/02_runlog.ipynb #3890585c
-def event_time(stamp:str) -> datetime:
+def event_time(stamp: str) -> datetime:
     "The time of an events.log line: ISO 8601 with an offset, or (older AReaL lines) local time without one."
     t = datetime.fromisoformat(stamp.strip())
     return t if t.tzinfo is not None else t.astimezone()
 
-def read_events(run_dir:str|Path) -> list[dict]:
+
+def read_events(run_dir: str | Path) -> list[dict]:
     "The events of `<run_dir>/events.log` as `{time, event, details}` (torn or garbage lines skipped)."
     p = Path(run_dir) / EVENTS_FILE
     out = []
@@ -207,10 +222,13 @@ OOM_EVENT = "oom"  # out of memory ended the run
 CRASH_EVENT = "error"  # another exception, or a signal, ended the run
 ENDING_EVENTS = ("finish", "interrupted", "disk_full", OOM_EVENT, CRASH_EVENT)  # the run said why it ended
 OOM_TYPES = ("OutOfMemoryError", "MemoryError")
-CPU_OOM_RE = re.compile(r"\[enforce fail at alloc_cpu\.cpp:\d+\].*DefaultCPUAllocator: can't allocate memory", re.DOTALL)
+CPU_OOM_RE = re.compile(
+    r"\[enforce fail at alloc_cpu\.cpp:\d+\].*DefaultCPUAllocator: can't allocate memory", re.DOTALL
+)
 TRAIN_NONFINITE_RE = re.compile(r"^(?:actor|critic)/[\w.\-]*(?:loss|grad_norm)[\w.\-]*$")
 
-def is_oom(e:BaseException|None) -> bool:
+
+def is_oom(e: BaseException | None) -> bool:
     "`e`, or an exception it was raised from or while handling, is out of memory (by class, or torch's CPU allocator)."
     seen = set()
     while e is not None and id(e) not in seen:
@@ -222,26 +240,35 @@ def is_oom(e:BaseException|None) -> bool:
         e = e.__cause__ or e.__context__
     return False
 
-def oom_error_text(error:str) -> bool:
+
+def oom_error_text(error: str) -> bool:
     "An `error` event's text (`Type: message` or `Type('message')`) names an out-of-memory exception class."
     m = re.match(r"\s*([A-Za-z_][\w.]*)\s*(?:[:(]\s*['\"]?|$)", str(error))
     if not m:
         return False
     name = m.group(1).rsplit(".", 1)[-1]
-    return name in OOM_TYPES or (name == "RuntimeError" and bool(CPU_OOM_RE.match(str(error)[m.end():])))
+    return name in OOM_TYPES or (name == "RuntimeError" and bool(CPU_OOM_RE.match(str(error)[m.end() :])))
 
-def log_failure(run_dir:str|Path, # the run folder
-                e:BaseException, # the exception that ended the run
-                **details, # more details, e.g. the step
-               ) -> str|None:
+
+def log_failure(
+    run_dir: str | Path,  # the run folder
+    e: BaseException,  # the exception that ended the run
+    **details,  # more details, e.g. the step
+) -> str | None:
     "Log the exception that ended a run: an `oom` event when `is_oom(e)`, else `error`; with its class and message."
-    return log_event(run_dir, OOM_EVENT if is_oom(e) else CRASH_EVENT, **details, type=type(e).__name__,
-                     error=f"{type(e).__name__}: {e}"[:300])
+    return log_event(
+        run_dir,
+        OOM_EVENT if is_oom(e) else CRASH_EVENT,
+        **details,
+        type=type(e).__name__,
+        error=f"{type(e).__name__}: {e}"[:300],
+    )
 
 # %% ../nbs/02_runlog.ipynb #9a80b677
-def nonfinite_keys(values:dict, # one step's metrics
-                   pattern=TRAIN_NONFINITE_RE, # the keys watched (default: losses and gradient norms)
-                  ) -> list[str]:
+def nonfinite_keys(
+    values: dict,  # one step's metrics
+    pattern=TRAIN_NONFINITE_RE,  # the keys watched (default: losses and gradient norms)
+) -> list[str]:
     "The keys of `values` under `pattern` whose value is a number that is not finite (NaN, inf) or null."
     out = []
     for k, v in values.items():
@@ -255,7 +282,8 @@ def nonfinite_keys(values:dict, # one step's metrics
             out.append(k)
     return out
 
-def _signal_name(returncode:int) -> str|None:
+
+def _signal_name(returncode: int) -> str | None:
     "The signal that ended a process: a negative code (subprocess), or a shell's 128 + N."
     n = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 128 + 65 else None
     try:
@@ -263,10 +291,12 @@ def _signal_name(returncode:int) -> str|None:
     except ValueError:
         return None
 
-def note_exit(run_dir:str|Path, # the run folder of the process that ended
-              returncode:int|None, # its exit code (negative: killed by that signal)
-              by:str, # who noticed: launch, rehearse
-             ) -> str|None:
+
+def note_exit(
+    run_dir: str | Path,  # the run folder of the process that ended
+    returncode: int | None,  # its exit code (negative: killed by that signal)
+    by: str,  # who noticed: launch, rehearse
+) -> str | None:
     "After a run's process ended badly without an ending event, log an `error` event with its exit code or signal."
     if not returncode or not run_dir or not (Path(run_dir) / EVENTS_FILE).is_file():
         return None
@@ -277,7 +307,7 @@ def note_exit(run_dir:str|Path, # the run folder of the process that ended
     return log_event(run_dir, CRASH_EVENT, returncode=returncode, **({"signal": sig} if sig else {}), by=by)
 
 # %% ../nbs/02_runlog.ipynb #21e0fefd
-def to_float(v) -> float|None:
+def to_float(v) -> float | None:
     "`v` as a float, or None when it is not a number."
     if isinstance(v, bool):
         return float(v)
@@ -293,7 +323,8 @@ def to_float(v) -> float|None:
             return None
     return None
 
-def flatten(obj:dict, prefix:str="") -> dict:
+
+def flatten(obj: dict, prefix: str = "") -> dict:
     "Flatten nested dicts, joining keys with `/`."
     out = {}
     for k, v in obj.items():
@@ -304,27 +335,33 @@ def flatten(obj:dict, prefix:str="") -> dict:
             out[key] = v
     return out
 
+
 def online_accuracy(
-    correct:float, # number of correct answers this step
-    incorrect:float, # number of incorrect answers this step
+    correct: float,  # number of correct answers this step
+    incorrect: float,  # number of incorrect answers this step
 ) -> float:
     "Online accuracy `correct / (correct + incorrect)`; NaN when nothing was graded."
     total = correct + incorrect
     return correct / total if total > 0 else float("nan")
 
 # %% ../nbs/02_runlog.ipynb #f8c53e45
-COUNT_PAIRS = (("correct", "incorrect"), ("rollout/correct", "rollout/incorrect"),
-               ("rollout/n_correct", "rollout/n_incorrect"),
-               ("areal/ppo_actor/correct_n_seqs", "areal/ppo_actor/incorrect_n_seqs"))
+COUNT_PAIRS = (
+    ("correct", "incorrect"),
+    ("rollout/correct", "rollout/incorrect"),
+    ("rollout/n_correct", "rollout/n_incorrect"),
+    ("areal/ppo_actor/correct_n_seqs", "areal/ppo_actor/incorrect_n_seqs"),
+)
 
-def graded_count(m:dict) -> float|None:
+
+def graded_count(m: dict) -> float | None:
     "Number of graded answers in a step's metrics `m`, when its counts are logged."
     for c, i in COUNT_PAIRS:
         if c in m and i in m:
             return m[c] + m[i]
     return None
 
-def add_derived(m:dict) -> dict:
+
+def add_derived(m: dict) -> dict:
     "Add `acc` and `dis/masked_frac` to the metrics `m` of one step when they can be derived."
     if "acc" not in m:
         for c, i in COUNT_PAIRS:
@@ -353,7 +390,8 @@ AREAL_MAP = {
 }
 NAMESPACED_RE = re.compile(r"(?:^|/)((?:dis|adv|critic|actor|reward|rollout|mismatch|perf|eval)/[\w.\-]+)(?:/avg)?$")
 
-def areal_to_metrics(raw:dict) -> dict:
+
+def areal_to_metrics(raw: dict) -> dict:
     "Map one step of AReaL stats `raw` to shared metric names (plus `areal/<key>` raw copies)."
     m = {f"areal/{k}": v for k, v in raw.items()}
     for k, v in raw.items():

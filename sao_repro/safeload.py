@@ -18,11 +18,14 @@ __all__ = ['StateFileError', 'UnsafeStateError', 'UnreadableStateError', 'load_s
 class StateFileError(ValueError):
     "A state file that was not loaded; the message names the file and the option that pointed at it."
 
+
 class UnsafeStateError(StateFileError):
     "A state file that asks for objects other than tensors and plain containers (loading it could run code)."
 
+
 class UnreadableStateError(StateFileError):
     "A state file that is not a checkpoint of tensors and plain containers (torn, empty, garbage, another format)."
+
 
 def _reason(e: Exception) -> str:
     "The line of torch's refusal that names what the file asked for."
@@ -31,9 +34,10 @@ def _reason(e: Exception) -> str:
     return (named or lines or [type(e).__name__])[0][:200]
 
 # %% ../nbs/18_safeload.ipynb #dec619ec
-def load_state(path: str | Path, # the file to read
-               option: str, # what pointed at it, named in errors (e.g. "critic_init=runs/x", "--resume")
-              ):
+def load_state(
+    path: str | Path,  # the file to read
+    option: str,  # what pointed at it, named in errors (e.g. "critic_init=runs/x", "--resume")
+):
     "Read a torch-saved state: tensors, numbers, strings, None, lists, tuples and dicts only; anything else is refused unread."
     path = Path(path)
     if not path.is_file():
@@ -42,11 +46,17 @@ def load_state(path: str | Path, # the file to read
         return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         if "global" not in _reason(e).lower():  # an opcode the safe reader does not take: not one of our checkpoints
-            raise UnreadableStateError(f"{option}: {path} is not a checkpoint of tensors and plain containers "
-                                       f"({_reason(e)}); it was not loaded") from e
-        raise UnsafeStateError(f"{option}: {path} holds objects other than tensors and plain containers "
-                               f"({_reason(e)}); it was not loaded, since loading it could run code. Give a "
-                               "checkpoint this package wrote (checkpoints/step_*.pt) or a state_dict saved with "
-                               "torch.save") from e
+            raise UnreadableStateError(
+                f"{option}: {path} is not a checkpoint of tensors and plain containers "
+                f"({_reason(e)}); it was not loaded"
+            ) from e
+        raise UnsafeStateError(
+            f"{option}: {path} holds objects other than tensors and plain containers "
+            f"({_reason(e)}); it was not loaded, since loading it could run code. Give a "
+            "checkpoint this package wrote (checkpoints/step_*.pt) or a state_dict saved with "
+            "torch.save"
+        ) from e
     except (EOFError, RuntimeError, ValueError, OSError, AttributeError, IndexError, KeyError) as e:
-        raise UnreadableStateError(f"{option}: {path} is not a readable checkpoint ({type(e).__name__}: {e})"[:500]) from e
+        raise UnreadableStateError(
+            f"{option}: {path} is not a readable checkpoint ({type(e).__name__}: {e})"[:500]
+        ) from e

@@ -22,28 +22,56 @@ __all__ = ['KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', '
 @dataclass(frozen=True)
 class Setting:
     "One compared setting. Every field maps to a config key of the same name."
-    name:str = field(metadata={"help": "registry name, used as CLI flag, config file, run folder and report column"})
-    role:str = field(default="", metadata={"help": "what the setting isolates in the comparison"})
-    group_size:int = field(default=1, metadata={"help": "G: completions sampled per prompt"})
-    critic:bool = field(default=False, metadata={"help": "train a value model and use its values for advantages"})
-    critic_k:int = field(default=2, metadata={"help": "critic update passes per training step"})
-    warmup_steps:int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
-    dis_band:tuple|str|None = field(default=None, metadata={"help": "DIS band: a preset name (reference, paper-math, paper-coding; sao_repro.dis.DIS_BAND_PRESETS) or two numbers read by dis_convention; null = no DIS"})
-    dis_convention:str = field(default="absolute", metadata={"help": "how two dis_band numbers are read", "choices": DIS_CONVENTIONS})
-    dis_preset:str|None = field(default=None, metadata={"help": "the preset the band is (filled in from dis_band); null: no DIS, or numbers of no preset"})
-    advantage:str = field(default="batch_norm", metadata={"help": "advantage estimator (sao_repro.advantages registry)"})
-    policy_lambda:float|str = field(default=1.0, metadata={"help": "GAE lambda for policy advantages, or 'adaptive'"})
-    lambda_alpha:float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
-    critic_lambda:float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte Carlo)"})
-    gamma:float = field(default=1.0, metadata={"help": "discount"})
-    critic_freeze:str = field(default="none", metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (the paper's section 3.2: only MLP and value head train)", "choices": ("none", "attention")})
-    adv_whiten:bool = field(default=False, metadata={"help": "whiten policy advantages per batch (mean / std over action tokens) after the critic's returns are taken"})
+
+    name: str = field(metadata={"help": "registry name, used as CLI flag, config file, run folder and report column"})
+    role: str = field(default="", metadata={"help": "what the setting isolates in the comparison"})
+    group_size: int = field(default=1, metadata={"help": "G: completions sampled per prompt"})
+    critic: bool = field(default=False, metadata={"help": "train a value model and use its values for advantages"})
+    critic_k: int = field(default=2, metadata={"help": "critic update passes per training step"})
+    warmup_steps: int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
+    dis_band: tuple | str | None = field(
+        default=None,
+        metadata={
+            "help": "DIS band: a preset name (reference, paper-math, paper-coding; sao_repro.dis.DIS_BAND_PRESETS) or two numbers read by dis_convention; null = no DIS"
+        },
+    )
+    dis_convention: str = field(
+        default="absolute", metadata={"help": "how two dis_band numbers are read", "choices": DIS_CONVENTIONS}
+    )
+    dis_preset: str | None = field(
+        default=None,
+        metadata={"help": "the preset the band is (filled in from dis_band); null: no DIS, or numbers of no preset"},
+    )
+    advantage: str = field(
+        default="batch_norm", metadata={"help": "advantage estimator (sao_repro.advantages registry)"}
+    )
+    policy_lambda: float | str = field(
+        default=1.0, metadata={"help": "GAE lambda for policy advantages, or 'adaptive'"}
+    )
+    lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
+    critic_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte Carlo)"})
+    gamma: float = field(default=1.0, metadata={"help": "discount"})
+    critic_freeze: str = field(
+        default="none",
+        metadata={
+            "help": "critic parameters kept frozen: 'none' or 'attention' (the paper's section 3.2: only MLP and value head train)",
+            "choices": ("none", "attention"),
+        },
+    )
+    adv_whiten: bool = field(
+        default=False,
+        metadata={
+            "help": "whiten policy advantages per batch (mean / std over action tokens) after the critic's returns are taken"
+        },
+    )
 
     def __post_init__(self):
         if self.group_size < 1:
             raise ValueError(f"setting {self.name!r}: group_size must be >= 1, got {self.group_size}")
         if self.advantage not in list_advantages():
-            raise ValueError(f"setting {self.name!r}: unknown advantage {self.advantage!r}; valid: {', '.join(list_advantages())}")
+            raise ValueError(
+                f"setting {self.name!r}: unknown advantage {self.advantage!r}; valid: {', '.join(list_advantages())}"
+            )
         if self.advantage == "grpo" and self.group_size < 2:
             raise ValueError(f"setting {self.name!r}: grpo needs group_size >= 2; use batch_norm for G = 1")
         if (self.advantage == "gae") != self.critic:
@@ -57,11 +85,15 @@ class Setting:
 
     def _resolve_band(self):
         "A preset name becomes its resolved band (absolute) and `dis_preset`; two numbers are validated and named."
+
         def bad(msg):
             raise ValueError(f"setting {self.name!r}: {msg}") from None
+
         if isinstance(self.dis_band, str):
             if self.dis_convention != "absolute":
-                bad(f"dis_band={self.dis_band!r} is a preset, already resolved; drop dis_convention={self.dis_convention!r}")
+                bad(
+                    f"dis_band={self.dis_band!r} is a preset, already resolved; drop dis_convention={self.dis_convention!r}"
+                )
             try:
                 name = dis_preset(self.dis_band)
             except ValueError as e:
@@ -79,20 +111,24 @@ class Setting:
         band = dis_band(*self.dis_band, convention=self.dis_convention)  # validates
         found = band_preset_name(band)
         if self.dis_preset is not None and self.dis_preset != found:
-            bad(f"dis_preset={self.dis_preset!r} but dis_band {list(self.dis_band)} ({self.dis_convention}) is "
-                f"[{band[0]:g}, {band[1]:g}], " + (f"the {found!r} preset" if found else "no preset's band"))
+            bad(
+                f"dis_preset={self.dis_preset!r} but dis_band {list(self.dis_band)} ({self.dis_convention}) is "
+                f"[{band[0]:g}, {band[1]:g}], " + (f"the {found!r} preset" if found else "no preset's band")
+            )
         object.__setattr__(self, "dis_preset", found)
 
     @property
-    def band(self) -> tuple[float, float]|None:
+    def band(self) -> tuple[float, float] | None:
         "The DIS band (lo, hi) on the ratio, or None when DIS is off."
         return None if self.dis_band is None else dis_band(*self.dis_band, convention=self.dis_convention)
 
-    def prompts_per_step(self, trajectories:int) -> int:
+    def prompts_per_step(self, trajectories: int) -> int:
         "Prompts to sample so that `trajectories` = prompts x group_size."
         if trajectories % self.group_size:
-            raise ValueError(f"{trajectories} trajectories per step is not a multiple of {self.name}'s group size "
-                             f"{self.group_size}; pick a multiple of {self.group_size}")
+            raise ValueError(
+                f"{trajectories} trajectories per step is not a multiple of {self.name}'s group size "
+                f"{self.group_size}; pick a multiple of {self.group_size}"
+            )
         return trajectories // self.group_size
 
     def to_dict(self) -> dict:
@@ -107,10 +143,12 @@ def _positive_int(v) -> int:
         raise ValueError("must be a whole number >= 1")
     return int(v)
 
+
 def _count(v) -> int:
     if isinstance(v, bool) or int(v) != v or v < 0:
         raise ValueError("must be a whole number >= 0")
     return int(v)
+
 
 def _unit(v) -> float:
     x = float(v)
@@ -118,7 +156,8 @@ def _unit(v) -> float:
         raise ValueError("must be in (0, 1]")
     return x
 
-def _lambda(v) -> float|str:
+
+def _lambda(v) -> float | str:
     if v == "adaptive":
         return v
     try:
@@ -129,15 +168,18 @@ def _lambda(v) -> float|str:
         raise ValueError("must be in (0, 1] (or 'adaptive')")
     return x
 
+
 def _flag(v) -> bool:
     if not isinstance(v, bool):
         raise ValueError("use true or false")
     return v
 
+
 def _freeze(v) -> str:
     if v not in ("none", "attention"):
         raise ValueError("use 'none' or 'attention'")
     return v
+
 
 def _positive(v) -> float:
     x = float(v)
@@ -145,14 +187,24 @@ def _positive(v) -> float:
         raise ValueError("must be > 0")
     return x
 
-KNOB_CHECKS = {"critic_k": _positive_int, "warmup_steps": _count, "policy_lambda": _lambda,
-               "lambda_alpha": _positive, "critic_lambda": _unit, "gamma": _unit, "adv_whiten": _flag,
-               "critic_freeze": _freeze}
 
-def check_knob(field:str, # a Setting field among KNOB_CHECKS
-               value, # the value to check
-               key:str|None=None, # the name the user wrote (default: `field`), used in the message
-              ):
+KNOB_CHECKS = {
+    "critic_k": _positive_int,
+    "warmup_steps": _count,
+    "policy_lambda": _lambda,
+    "lambda_alpha": _positive,
+    "critic_lambda": _unit,
+    "gamma": _unit,
+    "adv_whiten": _flag,
+    "critic_freeze": _freeze,
+}
+
+
+def check_knob(
+    field: str,  # a Setting field among KNOB_CHECKS
+    value,  # the value to check
+    key: str | None = None,  # the name the user wrote (default: `field`), used in the message
+):
     "`value` checked (and normalised: whole numbers, floats, 'adaptive') for Setting field `field`; a bad value raises naming `key`."
     try:
         return KNOB_CHECKS[field](value)
@@ -162,43 +214,81 @@ def check_knob(field:str, # a Setting field among KNOB_CHECKS
 # %% ../nbs/15_settings.ipynb #d5046240
 SETTINGS = Registry("setting", sort=False)  # names in the comparison's order
 
-def register_setting(s:Setting) -> Setting:
+
+def register_setting(s: Setting) -> Setting:
     "Add `s` to the registry under its name; a different setting under a taken name raises."
     return SETTINGS.add(s.name, s)
+
 
 def list_settings() -> list[str]:
     "Registered setting names, in the comparison's order."
     return SETTINGS.names()
 
-def get_setting(name:str) -> Setting:
+
+def get_setting(name: str) -> Setting:
     "The setting called `name`; an unknown name lists the valid ones."
     return SETTINGS.lookup(name)
 
 # %% ../nbs/15_settings.ipynb #4e33c4bc
 DIS = (0.3, 5.0)  # the `reference` preset's band (sao_repro.dis.DIS_BAND_PRESETS), which the DIS settings use
-register_setting(Setting("sao", "the method: single rollout, critic with skip-obs GAE, DIS", group_size=1, critic=True,
-                         critic_k=2, warmup_steps=10, dis_band="reference", advantage="gae", policy_lambda="adaptive"))
-register_setting(Setting("grpo", "common baseline: group-normalized advantage, no off-policy correction",
-                         group_size=8, advantage="grpo"))
-register_setting(Setting("grpo_dis", "isolates DIS: GRPO with the DIS band", group_size=8, dis_band="reference", advantage="grpo"))
-register_setting(Setting("running_mean", "single rollout without critic or DIS: r - running mean baseline",
-                         group_size=1, advantage="running_mean"))
-register_setting(Setting("single_dis", "isolates the critic: single rollout with DIS, batch-normalized reward",
-                         group_size=1, dis_band="reference", advantage="batch_norm"));
+register_setting(
+    Setting(
+        "sao",
+        "the method: single rollout, critic with skip-obs GAE, DIS",
+        group_size=1,
+        critic=True,
+        critic_k=2,
+        warmup_steps=10,
+        dis_band="reference",
+        advantage="gae",
+        policy_lambda="adaptive",
+    )
+)
+register_setting(
+    Setting(
+        "grpo", "common baseline: group-normalized advantage, no off-policy correction", group_size=8, advantage="grpo"
+    )
+)
+register_setting(
+    Setting("grpo_dis", "isolates DIS: GRPO with the DIS band", group_size=8, dis_band="reference", advantage="grpo")
+)
+register_setting(
+    Setting(
+        "running_mean",
+        "single rollout without critic or DIS: r - running mean baseline",
+        group_size=1,
+        advantage="running_mean",
+    )
+)
+register_setting(
+    Setting(
+        "single_dis",
+        "isolates the critic: single rollout with DIS, batch-normalized reward",
+        group_size=1,
+        dis_band="reference",
+        advantage="batch_norm",
+    )
+);
 
 # %% ../nbs/15_settings.ipynb #0e2076b8
-SETTING_COLORS = {"sao": "#d62728", "grpo": "#1f77b4", "grpo_dis": "#2ca02c", "running_mean": "#9467bd",
-                  "single_dis": "#ff7f0e"}
+SETTING_COLORS = {
+    "sao": "#d62728",
+    "grpo": "#1f77b4",
+    "grpo_dis": "#2ca02c",
+    "running_mean": "#9467bd",
+    "single_dis": "#ff7f0e",
+}
 EXTRA_COLORS = ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
-def setting_color(name:str) -> str:
+
+def setting_color(name: str) -> str:
     "The one colour of a setting in every figure and in the monitor (unknown names: a fixed colour per name)."
     if name in SETTING_COLORS:
         return SETTING_COLORS[name]
     return EXTRA_COLORS[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(EXTRA_COLORS)]
 
 # %% ../nbs/15_settings.ipynb #5b9d4142
-def load_setting_yaml(path:str|Path) -> Setting:
+def load_setting_yaml(path: str | Path) -> Setting:
     "Read and validate a setting YAML file."
     d = yaml.safe_load(Path(path).read_text()) or {}
     known = {f.name for f in fields(Setting)}
@@ -207,7 +297,8 @@ def load_setting_yaml(path:str|Path) -> Setting:
         raise ValueError(f"{path}: unknown setting key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
     return Setting(**d)
 
-def setting_yaml(s:Setting) -> str:
+
+def setting_yaml(s: Setting) -> str:
     "YAML text for a setting (what configs/settings/<name>.yaml holds)."
     head = f"# {s.name}: {s.role}\n# Mirror of sao_repro.settings; tests check that both agree.\n"
     return head + yaml.safe_dump(s.to_dict(), sort_keys=False)

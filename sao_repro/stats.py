@@ -8,14 +8,14 @@ Docs: https://sao-repro.github.io/sao-repro/stats.html.md"""
 from __future__ import annotations
 import math
 
-
 # %% auto #0
 __all__ = ['SCALED_MIN_SEEDS', 'mean_ci', 'fmt_ci', 'paired_effect', 'iqm_ci', 'prob_improvement', 'fmt_interval']
 
 # %% ../nbs/04_stats.ipynb #5c09ec80
-def mean_ci(xs, # values, one per seed (None / NaN are dropped)
-            level:float=0.95, # confidence level
-           ) -> tuple[float, float, int]:
+def mean_ci(
+    xs,  # values, one per seed (None / NaN are dropped)
+    level: float = 0.95,  # confidence level
+) -> tuple[float, float, int]:
     "Mean, CI half-width $t \\cdot s/\\sqrt n$ (NaN when fewer than 2 values) and the count."
     v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
     n = len(v)
@@ -29,10 +29,11 @@ def mean_ci(xs, # values, one per seed (None / NaN are dropped)
         return m * s, float("nan"), 1
     sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
     from scipy.stats import t as student_t  # here: scipy.stats takes 1.5 s to import, and every run imports this module
+
     return m * s, float(student_t.ppf(0.5 + level / 2, n - 1)) * sd * s / math.sqrt(n), n
 
 # %% ../nbs/04_stats.ipynb #5db511fc
-def fmt_ci(m:float, h:float, digits:int=3) -> str:
+def fmt_ci(m: float, h: float, digits: int = 3) -> str:
     "`m ± h` (just `m` when `h` is NaN, `-` when `m` is NaN); a number of a million or more in exponent form."
     if m is None or not math.isfinite(m):
         return "-"
@@ -40,24 +41,30 @@ def fmt_ci(m:float, h:float, digits:int=3) -> str:
     return f(m) + (f" ± {f(h)}" if h is not None and math.isfinite(h) else "")
 
 # %% ../nbs/04_stats.ipynb #41fcfd72
-def paired_effect(a: dict, # seed -> value of setting A (e.g. end accuracy)
-                  b: dict, # seed -> value of setting B
-                 ) -> tuple[float, float, int]:
+def paired_effect(
+    a: dict,  # seed -> value of setting A (e.g. end accuracy)
+    b: dict,  # seed -> value of setting B
+) -> tuple[float, float, int]:
     "Mean of the per-seed differences A - B, its 95% CI half-width (Student t) and the number of pairs."
     return mean_ci([a[k] - b[k] for k in sorted(set(a) & set(b))])
 
 # %% ../nbs/04_stats.ipynb #79752502
 SCALED_MIN_SEEDS = 5  # the sweep tables show IQM and P(A > B) from this many seeds on
 
+
 def _finite(xs) -> list[float]:
     return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
 
+
 def _iqm(x, axis=-1):
     from scipy.stats import trim_mean
+
     return trim_mean(x, 0.25, axis=axis)
+
 
 def _poi(a, b, axis=-1):
     import numpy as np
+
     a, b = np.moveaxis(np.asarray(a), axis, -1), np.moveaxis(np.asarray(b), axis, -1)
     d = a[..., :, None] - b[..., None, :]
     return ((d > 0) + 0.5 * (d == 0)).mean(axis=(-2, -1))
@@ -65,12 +72,26 @@ def _poi(a, b, axis=-1):
 # %% ../nbs/04_stats.ipynb #379ddb11
 def _boot(stat, samples, level, n_resamples, seed) -> tuple[float, float]:
     from scipy.stats import bootstrap
-    r = bootstrap(samples, stat, vectorized=True, paired=False, confidence_level=level, n_resamples=n_resamples,
-                  method="percentile", random_state=seed)
+
+    r = bootstrap(
+        samples,
+        stat,
+        vectorized=True,
+        paired=False,
+        confidence_level=level,
+        n_resamples=n_resamples,
+        method="percentile",
+        random_state=seed,
+    )
     return float(r.confidence_interval.low), float(r.confidence_interval.high)
 
-def iqm_ci(xs, # values, one per seed (None / NaN are dropped)
-           level:float=0.95, n_resamples:int=2000, seed:int=0) -> tuple[float, float, float, int]:
+
+def iqm_ci(
+    xs,  # values, one per seed (None / NaN are dropped)
+    level: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float, int]:
     "Interquartile mean, its bootstrap interval (low, high; NaN under 2 values) and the count."
     v = _finite(xs)
     if not v:
@@ -79,9 +100,14 @@ def iqm_ci(xs, # values, one per seed (None / NaN are dropped)
     lo, hi = _boot(_iqm, (v,), level, n_resamples, seed) if len(v) >= 2 else (float("nan"), float("nan"))
     return m, lo, hi, len(v)
 
-def prob_improvement(a, # values of setting A, one per seed
-                     b, # values of setting B
-                     level:float=0.95, n_resamples:int=2000, seed:int=0) -> tuple[float, float, float, int]:
+
+def prob_improvement(
+    a,  # values of setting A, one per seed
+    b,  # values of setting B
+    level: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float, int]:
     "P(a run of A ends above a run of B), its stratified-bootstrap interval (low, high) and min(n_A, n_B)."
     a, b = _finite(a), _finite(b)
     if not a or not b:
@@ -90,7 +116,8 @@ def prob_improvement(a, # values of setting A, one per seed
     lo, hi = _boot(_poi, (a, b), level, n_resamples, seed) if min(len(a), len(b)) >= 2 else (float("nan"), float("nan"))
     return p, lo, hi, min(len(a), len(b))
 
-def fmt_interval(m:float, lo:float, hi:float, digits:int=3) -> str:
+
+def fmt_interval(m: float, lo: float, hi: float, digits: int = 3) -> str:
     "`m [lo, hi]` (just `m` without an interval, `-` when `m` is NaN)."
     if m is None or not math.isfinite(m):
         return "-"

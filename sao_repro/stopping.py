@@ -15,12 +15,15 @@ __all__ = ['RunInterrupted', 'GracefulStop', 'serve_until_interrupted']
 # %% ../nbs/09_stopping.ipynb #e049940b
 class RunInterrupted(Exception):
     "A run stopped at a step boundary by SIGINT / SIGTERM (its state is saved; continue with --resume)."
-    def __init__(self, step:int, signame:str):
+
+    def __init__(self, step: int, signame: str):
         super().__init__(f"stopped by {signame} after step {step}; its state is saved: continue it with --resume")
         self.step, self.signame = step, signame
 
+
 class GracefulStop:
     "Context manager: `requested` becomes the signal's name at the first SIGINT / SIGTERM."
+
     def __init__(self):
         self.requested, self._old = None, {}
 

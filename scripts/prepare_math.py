@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Thin wrapper: same as `sao-repro prepare-math ...` (see sao_repro.data.prepare_math_main)."""
+
 import sys
 
 from sao_repro.data import prepare_math_main

@@ -1,4 +1,5 @@
 "Worker for the two-rank gloo test of RunningMeanRewardNorm (a light module: spawned children import only this)."
+
 import torch
 import torch.distributed as dist
 

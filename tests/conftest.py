@@ -3,6 +3,7 @@
 AReaL 1.0.4 tests import the real packages AReaL imports on a CPU (scripts/install_dev.sh installs them from
 scripts/areal_cpu_requirements.txt); nothing is faked.
 """
+
 import os
 import sys
 
@@ -20,17 +21,25 @@ def browser_gate(env, chromium):
     if chromium:
         return None
     msg = f"needs headless Chromium, not found (install: {CHROMIUM_INSTALL}, or set CHROMIUM=/path/to/chrome)"
-    required = any(env.get(k, "").strip().lower() not in ("", "0", "false", "no") for k in ("CI", "SAO_REQUIRE_BROWSER"))
-    return ("fail", msg + "; CI / SAO_REQUIRE_BROWSER does not allow skipping browser tests") if required else ("skip", msg)
+    required = any(
+        env.get(k, "").strip().lower() not in ("", "0", "false", "no") for k in ("CI", "SAO_REQUIRE_BROWSER")
+    )
+    return (
+        ("fail", msg + "; CI / SAO_REQUIRE_BROWSER does not allow skipping browser tests")
+        if required
+        else ("skip", msg)
+    )
 
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("browser") is None:
         return
     from sao_repro.report import find_chromium
+
     gate = browser_gate(os.environ, find_chromium())
     if gate is not None:
         import pytest
+
         (pytest.fail if gate[0] == "fail" else pytest.skip)(gate[1])
 
 

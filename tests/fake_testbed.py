@@ -11,6 +11,7 @@ with a pause in between, so readers see unterminated last lines. With --nan-run,
 logs a NaN loss at --nan-at, a `nan` event, a traceback in train.log and an `error` event,
 then stops; every other run ends with a `finish` event.
 """
+
 import argparse
 import json
 import math
@@ -31,18 +32,32 @@ def metrics(setting: str, step: int, steps: int, rng: random.Random) -> dict:
     acc = min(1.0, max(0.0, 0.45 + 0.2 * (1 - math.exp(-4 * x)) + rng.gauss(0, 0.03)))
     n = 64
     correct = round(acc * n)
-    m = {"step": step, "acc": correct / n, "correct": correct, "incorrect": n - correct,
-         "reward/mean": correct / n, "adv/mean": rng.gauss(0, 0.01), "adv/std": 1.0,
-         "actor/loss": rng.gauss(-0.01, 0.005), "actor/grad_norm": abs(rng.gauss(0.5, 0.1)),
-         "rollout/policy_lag": 3.0, "rollout/resp_len": 4.0 + rng.random(), "perf/step_s": 0.05}
+    m = {
+        "step": step,
+        "acc": correct / n,
+        "correct": correct,
+        "incorrect": n - correct,
+        "reward/mean": correct / n,
+        "adv/mean": rng.gauss(0, 0.01),
+        "adv/std": 1.0,
+        "actor/loss": rng.gauss(-0.01, 0.005),
+        "actor/grad_norm": abs(rng.gauss(0.5, 0.1)),
+        "rollout/policy_lag": 3.0,
+        "rollout/resp_len": 4.0 + rng.random(),
+        "perf/step_s": 0.05,
+    }
     if setting in ("sao", "grpo_dis", "single_dis"):
         below, above = abs(rng.gauss(0.03, 0.01)), abs(rng.gauss(0.01, 0.005))
         m |= {"dis/kept_frac": 1 - below - above, "dis/masked_below_frac": below, "dis/masked_above_frac": above}
     if setting == "sao":
         m |= {"critic/value_loss": 0.25 * math.exp(-2 * x), "critic/explained_var": 0.6 * (1 - math.exp(-3 * x))}
     lag = min(3, step - 1)  # as the testbed at --lag 3: the behaviour policy is the trainer's own at step 1 only
-    m |= {"mismatch/lag_max": float(lag), "mismatch/lag_mean": float(lag), "mismatch/current_frac": float(lag == 0),
-          "mismatch/k3_kl_all": abs(rng.gauss(0.2, 0.02))}
+    m |= {
+        "mismatch/lag_max": float(lag),
+        "mismatch/lag_mean": float(lag),
+        "mismatch/current_frac": float(lag == 0),
+        "mismatch/k3_kl_all": abs(rng.gauss(0.2, 0.02)),
+    }
     if lag == 0:  # k3 on tokens of the trainer's own version: logit noise 1 injects about 0.1-0.2
         m["mismatch/k3_kl"] = abs(rng.gauss(0.15, 0.02))
     if step % 10 == 0:
@@ -79,12 +94,14 @@ def main(argv=None) -> int:
                 f.write(line[: len(line) // 2])
                 f.flush()
                 time.sleep(a.interval / (2 * len(alive)))
-                f.write(line[len(line) // 2:])
+                f.write(line[len(line) // 2 :])
             if spec == a.nan_run and step == a.nan_at:
                 event(d, "nan", step=step, key="actor/loss")
-                (d / "train.log").write_text(f"step {step} acc={m['acc']:.3f}\nTraceback (most recent call last):\n"
-                                             '  File "sao_repro/mini/train.py", line 1, in step\n'
-                                             "FloatingPointError: non-finite loss at step %d\n" % step)
+                (d / "train.log").write_text(
+                    f"step {step} acc={m['acc']:.3f}\nTraceback (most recent call last):\n"
+                    '  File "sao_repro/mini/train.py", line 1, in step\n'
+                    "FloatingPointError: non-finite loss at step %d\n" % step
+                )
                 event(d, "error", error="FloatingPointError: non-finite loss")
                 del alive[spec]
         time.sleep(a.interval / 2)

@@ -1,4 +1,5 @@
 """Shared pieces of the testbed tests: a private warm-start cache and small smoke-run configs."""
+
 import os
 
 import pytest
@@ -20,9 +21,22 @@ def smoke_cache(tmp_path_factory):
 
 def smoke_cfg(setting, out, **kw):
     "A seconds-long run config of `setting` writing under `out` (extra run options as keywords)."
-    return make_config(setting, seed=kw.pop("seed", 0), steps=kw.pop("steps", 4), out_dir=str(out), smoke=False,
-                       overrides={"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32,
-                                  "eval_every": 3, "ckpt_every": 3, **kw})
+    return make_config(
+        setting,
+        seed=kw.pop("seed", 0),
+        steps=kw.pop("steps", 4),
+        out_dir=str(out),
+        smoke=False,
+        overrides={
+            "preset": "smoke",
+            "difficulty": 1,
+            "traj_per_step": 16,
+            "eval_n": 32,
+            "eval_every": 3,
+            "ckpt_every": 3,
+            **kw,
+        },
+    )
 
 
 def strip_perf(ms):

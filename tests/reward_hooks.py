@@ -3,6 +3,7 @@
 `<<sao-test:hang>>` sleeps forever, `<<sao-test:crash>>` kills its own process with SIGKILL,
 `<<sao-test:sleep=S>>` sleeps S seconds and then scores normally, `<<sao-test:raise>>` raises inside scoring.
 Tests pass it to a pool as `scorer=score_with_markers`; without it the markers are plain text."""
+
 import os
 import signal
 import time
@@ -25,5 +26,5 @@ def score_with_markers(completion, gold) -> float:
         i = completion.find("<<sao-test:sleep=")
         if i >= 0:
             j = completion.find(">>", i)
-            time.sleep(float(completion[i + len("<<sao-test:sleep="):j]))
+            time.sleep(float(completion[i + len("<<sao-test:sleep=") : j]))
     return score(completion, gold)

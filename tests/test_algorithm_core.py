@@ -1,4 +1,5 @@
 """Property tests of the algorithm core: GAE, DIS, losses, advantages, settings."""
+
 import copy
 import math
 from pathlib import Path
@@ -7,14 +8,32 @@ import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st, HealthCheck
 
-from sao_repro.advantages import (RunningMeanBaseline, get_advantage, grpo_advantages, register_advantage,
-                                  running_mean_advantages)
+from sao_repro.advantages import (
+    RunningMeanBaseline,
+    get_advantage,
+    grpo_advantages,
+    register_advantage,
+    running_mean_advantages,
+)
 from sao_repro.core import masked_mean, masked_whiten
 from sao_repro.dis import dis_band, dis_mask, dis_metrics
-from sao_repro.gae import (adaptive_lambda, areal_style_gae, gae_reference, reverse_linear_scan,
-                           sequence_reward_to_tokens, skip_obs_gae)
-from sao_repro.loss import (PolicyLossConfig, PolicyLossFn, PolicyLossResult, get_policy_loss, list_policy_losses,
-                             policy_loss, value_loss)
+from sao_repro.gae import (
+    adaptive_lambda,
+    areal_style_gae,
+    gae_reference,
+    reverse_linear_scan,
+    sequence_reward_to_tokens,
+    skip_obs_gae,
+)
+from sao_repro.loss import (
+    PolicyLossConfig,
+    PolicyLossFn,
+    PolicyLossResult,
+    get_policy_loss,
+    list_policy_losses,
+    policy_loss,
+    value_loss,
+)
 from sao_repro.settings import get_setting, list_settings, load_setting_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +75,9 @@ def test_gae_junk_off_mask_changes_nothing(batch):
     rewards, values, mask, gamma, lam = batch
     a, r = skip_obs_gae(rewards, values, mask, gamma, lam)
     junk = torch.full_like(rewards, float("nan"))
-    a2, r2 = skip_obs_gae(torch.where(mask, rewards, junk), torch.where(mask, values, junk * 0 + 1e30), mask, gamma, lam)
+    a2, r2 = skip_obs_gae(
+        torch.where(mask, rewards, junk), torch.where(mask, values, junk * 0 + 1e30), mask, gamma, lam
+    )
     torch.testing.assert_close(a2, a)
     torch.testing.assert_close(r2, r)
     assert (a[~mask] == 0).all() and (r[~mask] == 0).all()
@@ -125,8 +146,23 @@ def test_dis_band_conventions_and_errors():
 
 def test_dis_edges_and_nonfinite():
     lo, hi = 0.3, 5.0
-    lr = torch.tensor([[math.log(lo), math.log(hi), math.log(lo) - 1e-4, math.log(hi) + 1e-4,
-                        1e6, -1e6, float("nan"), float("inf"), float("-inf"), 0.0]], dtype=torch.float64)
+    lr = torch.tensor(
+        [
+            [
+                math.log(lo),
+                math.log(hi),
+                math.log(lo) - 1e-4,
+                math.log(hi) + 1e-4,
+                1e6,
+                -1e6,
+                float("nan"),
+                float("inf"),
+                float("-inf"),
+                0.0,
+            ]
+        ],
+        dtype=torch.float64,
+    )
     behav = torch.zeros_like(lr)
     mask = torch.ones_like(lr, dtype=torch.bool)
     keep = dis_mask(lr, behav, mask, (lo, hi))
@@ -136,8 +172,9 @@ def test_dis_edges_and_nonfinite():
     assert met["dis/masked_below_frac"] == pytest.approx(0.2)
     assert met["dis/masked_above_frac"] == pytest.approx(0.2)
     assert met["dis/nonfinite_frac"] == pytest.approx(0.3)
-    assert sum(met[k] for k in ["dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac",
-                                "dis/nonfinite_frac"]) == pytest.approx(1.0)
+    assert sum(
+        met[k] for k in ["dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac", "dis/nonfinite_frac"]
+    ) == pytest.approx(1.0)
     assert all(math.isfinite(met[k]) for k in ["dis/ratio_p01", "dis/ratio_p50", "dis/logp_abs_diff"])
 
 
@@ -195,6 +232,7 @@ def test_policy_loss_direct_value_and_denominator_flag():
 def test_policy_losses_one_signature_named_result():
     "Every registered loss takes the PolicyLossFn arguments and returns a PolicyLossResult whose keep-mask is the DIS mask."
     import inspect
+
     want = list(inspect.signature(PolicyLossFn.__call__).parameters)[1:]
     g = torch.Generator().manual_seed(5)
     logp, behav, adv = (torch.randn(2, 5, generator=g) * 2 for _ in range(3))
@@ -211,8 +249,10 @@ def test_policy_losses_one_signature_named_result():
 
 def test_value_loss_clip():
     v = torch.tensor([[2.0]], requires_grad=True)
-    loss, met = value_loss(v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool), eps_clip=0.5)
-    assert float(loss.detach()) == pytest.approx(0.5 * 1.5 ** 2)
+    loss, met = value_loss(
+        v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool), eps_clip=0.5
+    )
+    assert float(loss.detach()) == pytest.approx(0.5 * 1.5**2)
     loss.backward()
     assert float(v.grad) == 0.0  # the clipped branch is active and has no gradient to v
 
@@ -329,8 +369,14 @@ def test_critic_metrics_and_validation():
     ct = CriticTrainer(_table_critic(), lr=0.1, warmup_steps=3)
     assert [ct.in_warmup(s) for s in range(5)] == [True, True, True, False, False]
     m = ct.update(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool), torch.randn(2, 3))
-    assert set(m) == {"critic/value_loss", "critic/explained_var", "critic/grad_norm", "critic/grad_norm_max", "critic/grad_clip",
-                      "critic/returns_std"}
+    assert set(m) == {
+        "critic/value_loss",
+        "critic/explained_var",
+        "critic/grad_norm",
+        "critic/grad_norm_max",
+        "critic/grad_clip",
+        "critic/returns_std",
+    }
     assert math.isnan(explained_variance(torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)))
     with pytest.raises(ValueError, match="n_minibatches"):
         CriticTrainer(_table_critic(), n_minibatches=0)
@@ -343,14 +389,26 @@ def _paper_docstrings():
     from sao_repro.critic import explained_variance
     from sao_repro.dis import dis_split
     from sao_repro.loss import dis_decoupled, dis_direct, ppo_clip
+
     sao, gae, grpo = "arXiv:2607.07508", "arXiv:1506.02438", "arXiv:2402.03300"
-    return {dis_mask: (sao, "eq. 1-3"), dis_split: (sao,), ppo_clip: ("arXiv:1707.06347", "eq. 7"),
-            dis_direct: (sao, "eq. 1-3"), dis_decoupled: ("arXiv:2110.00641", "arXiv:2505.24298", sao),
-            skip_obs_gae: (gae, "eq. 16", sao, "eq. 4-5"), gae_reference: (gae, "eq. 16"),
-            adaptive_lambda: ("arXiv:2504.05118",), gae_advantages: (gae, "eq. 16", sao),
-            group_normalize: (grpo, "section 4.1"), grpo_advantages: (grpo, "section 4.1"),
-            batch_norm_advantages: (grpo,), RunningMeanBaseline: (sao,), running_mean_advantages: (sao,),
-            value_loss: ("arXiv:2505.24298", "lambda = 1"), explained_variance: ("CleanRL",)}
+    return {
+        dis_mask: (sao, "eq. 1-3"),
+        dis_split: (sao,),
+        ppo_clip: ("arXiv:1707.06347", "eq. 7"),
+        dis_direct: (sao, "eq. 1-3"),
+        dis_decoupled: ("arXiv:2110.00641", "arXiv:2505.24298", sao),
+        skip_obs_gae: (gae, "eq. 16", sao, "eq. 4-5"),
+        gae_reference: (gae, "eq. 16"),
+        adaptive_lambda: ("arXiv:2504.05118",),
+        gae_advantages: (gae, "eq. 16", sao),
+        group_normalize: (grpo, "section 4.1"),
+        grpo_advantages: (grpo, "section 4.1"),
+        batch_norm_advantages: (grpo,),
+        RunningMeanBaseline: (sao,),
+        running_mean_advantages: (sao,),
+        value_loss: ("arXiv:2505.24298", "lambda = 1"),
+        explained_variance: ("CleanRL",),
+    }
 
 
 @pytest.mark.parametrize("fn", list(_paper_docstrings()), ids=lambda f: f.__name__)
@@ -365,7 +423,9 @@ def test_algorithm_docstrings_name_their_source_and_shapes(fn):
     assert not missing, f"{fn.__name__}'s docstring does not cite {missing}"
     assert "Shapes:" in doc and "[B" in doc, f"{fn.__name__}'s docstring gives no `Shapes:` of its arguments"
     lines = [line for line in doc.splitlines() if line.strip()]
-    assert len(lines) <= 8, f"{fn.__name__}'s docstring has {len(lines)} lines; keep it to 8, the derivation in the notebook"
+    assert len(lines) <= 8, (
+        f"{fn.__name__}'s docstring has {len(lines)} lines; keep it to 8, the derivation in the notebook"
+    )
     documented = docments(PolicyLossFn.__call__ if fn.__name__ in list_policy_losses() else fn)
     tensors = [p for p, c in documented.items() if c and c.startswith("[")]  # the arguments documented with a shape
     unnamed = [p for p in tensors if not re.search(rf"(?<![\w.]){p}\b", doc)]

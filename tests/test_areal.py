@@ -2,6 +2,7 @@
 our DIS loss vs AReaL's `grpo_loss_fn`, the running-mean reward_norm across ranks, DIS statistics, engines.
 
 Needs the areal==1.0.4 wheel and the packages it imports on a CPU (scripts/install_dev.sh installs both)."""
+
 import copy
 import glob
 import math
@@ -26,8 +27,14 @@ from areal.utils.functional import apply_rejection_sampling  # noqa: E402
 from areal.utils.stats_tracker import DistributedStatsTracker, ReduceType  # noqa: E402
 
 from sao_repro.areal.algo import RunningMeanRewardNorm, log_dis_stats, areal_actor_keys  # noqa: E402
-from sao_repro.areal.config import (SAOActorConfig, SAOConfig, SAOSection, load_sao_config,  # noqa: E402
-                                    setting_mismatches, config_yaml)
+from sao_repro.areal.config import (
+    SAOActorConfig,
+    SAOConfig,
+    SAOSection,
+    load_sao_config,  # noqa: E402
+    setting_mismatches,
+    config_yaml,
+)
 from sao_repro.areal.trainer import SAOPPOActor, SAOPPOCritic  # noqa: E402
 from sao_repro.advantages import RunningMeanBaseline  # noqa: E402
 from sao_repro.loss import policy_loss  # noqa: E402
@@ -35,8 +42,13 @@ from sao_repro.settings import get_setting, list_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-SETTING_FILES = {"sao": "phase2_hard_sao.yaml", "grpo": "phase2_hard_grpo.yaml", "grpo_dis": "phase2_hard_grpo_dis.yaml",
-                 "running_mean": "phase2_hard_running_mean.yaml", "single_dis": "phase2_hard_grpo_dis_g1.yaml"}
+SETTING_FILES = {
+    "sao": "phase2_hard_sao.yaml",
+    "grpo": "phase2_hard_grpo.yaml",
+    "grpo_dis": "phase2_hard_grpo_dis.yaml",
+    "running_mean": "phase2_hard_running_mean.yaml",
+    "single_dis": "phase2_hard_grpo_dis_g1.yaml",
+}
 
 
 def load(name, *overrides):
@@ -44,6 +56,7 @@ def load(name, *overrides):
 
 
 # ---------------------------------------------------------------- configs
+
 
 @pytest.mark.parametrize("setting", list(SETTING_FILES))
 def test_setting_config_loads_through_areal_and_matches_registry(setting):
@@ -79,8 +92,10 @@ def test_trajectories_per_step_equal_across_settings():
 def test_single_node_variant():
     cfg = load("phase2_hard_sao_1node.yaml")
     assert cfg.cluster.n_nodes == 1 and setting_mismatches(cfg) == []
-    gpus = sum(int(b.split(":d")[1].split("t")[0]) * (int(b.split("t")[1]) if "t" in b.split(":")[1] else 1)
-               for b in (cfg.rollout.backend, cfg.actor.backend, cfg.critic.backend))
+    gpus = sum(
+        int(b.split(":d")[1].split("t")[0]) * (int(b.split("t")[1]) if "t" in b.split(":")[1] else 1)
+        for b in (cfg.rollout.backend, cfg.actor.backend, cfg.critic.backend)
+    )
     assert gpus <= cfg.cluster.n_gpus_per_node
 
 
@@ -118,6 +133,7 @@ def test_deviation_from_setting_names_key():
 
 def test_resolved_yaml_round_trips_through_areal_loader(tmp_path):
     import yaml
+
     text = config_yaml(load("phase2_hard_sao.yaml"))
     d = yaml.safe_load(text)
     assert d["sao"]["setting"] == "sao" and d["actor"]["rejection_sampling"]["upper"] == 5.0
@@ -130,6 +146,7 @@ def test_resolved_yaml_round_trips_through_areal_loader(tmp_path):
 
 # ---------------------------------------------------------------- GAE vs AReaL's _compute_advantages
 
+
 def random_batch(seed, B=7, T=14, full_rows=(0,)):
     "AReaL-layout batch: prompt then answer, right-padded; rows in `full_rows` fill the padded width."
     g = torch.Generator().manual_seed(seed)
@@ -140,21 +157,32 @@ def random_batch(seed, B=7, T=14, full_rows=(0,)):
         seqlen = T if b in full_rows else int(torch.randint(plen + 1, T, (1,), generator=g))
         attn[b, :seqlen] = 1
         lmask[b, plen:seqlen] = 1
-    return {"input_ids": torch.randint(0, 100, (B, T), generator=g), "attention_mask": attn, "loss_mask": lmask,
-            "logprobs": -torch.rand(B, T, generator=g) * attn, "values": torch.randn(B, T, generator=g),
-            "ref_logp": -torch.rand(B, T, generator=g), "rewards": torch.randn(B, generator=g)}
+    return {
+        "input_ids": torch.randint(0, 100, (B, T), generator=g),
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "logprobs": -torch.rand(B, T, generator=g) * attn,
+        "values": torch.randn(B, T, generator=g),
+        "ref_logp": -torch.rand(B, T, generator=g),
+        "rewards": torch.randn(B, generator=g),
+    }
 
 
 def actors(gamma, lam, kl_ctl):
     common = dict(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=kl_ctl, discount=gamma, gae_lambda=lam)
     theirs = PPOActor(PPOActorConfig(**common), engine=None)
-    ours = SAOPPOActor(SAOActorConfig(**common, sao=SAOSection(setting="sao", policy_lambda=str(lam), critic_lambda=lam,
-                                                               warmup_steps=10)), engine=None)
+    ours = SAOPPOActor(
+        SAOActorConfig(
+            **common, sao=SAOSection(setting="sao", policy_lambda=str(lam), critic_lambda=lam, warmup_steps=10)
+        ),
+        engine=None,
+    )
     return theirs, ours
 
 
-@pytest.mark.parametrize("seed,gamma,lam,kl_ctl", [(0, 1.0, 1.0, 0.0), (1, 0.99, 0.95, 0.0), (2, 1.0, 0.9, 0.1),
-                                                   (3, 0.97, 0.8, 0.05)])
+@pytest.mark.parametrize(
+    "seed,gamma,lam,kl_ctl", [(0, 1.0, 1.0, 0.0), (1, 0.99, 0.95, 0.0), (2, 1.0, 0.9, 0.1), (3, 0.97, 0.8, 0.05)]
+)
 def test_gae_equals_areal_compute_advantages_apart_from_the_fix(seed, gamma, lam, kl_ctl):
     data = random_batch(seed)
     theirs, ours = actors(gamma, lam, kl_ctl)
@@ -201,11 +229,17 @@ def test_areal_leak_bootstraps_from_the_untrained_last_position():
 def test_sao_lambdas_adaptive_policy_montecarlo_critic():
     data = random_batch(9, full_rows=())
     data.pop("ref_logp")
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
-                         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10))
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10),
+    )
     o = SAOPPOActor(cfg, engine=None)._compute_advantages(copy.deepcopy(data))
     m = o["loss_mask"].bool()
     from sao_repro.gae import gae_reference, adaptive_lambda
+
     lam = adaptive_lambda(m.sum(1), 1.5)
     ref_adv, _ = gae_reference(o["tot_rewards"], data["values"], m, 1.0, lam)
     _, ref_ret = gae_reference(o["tot_rewards"], data["values"], m, 1.0, 1.0)
@@ -214,6 +248,7 @@ def test_sao_lambdas_adaptive_policy_montecarlo_critic():
 
 
 # ---------------------------------------------------------------- DIS loss vs AReaL's grpo_loss_fn
+
 
 def loss_inputs(seed, B=5, T=9):
     g = torch.Generator().manual_seed(seed)
@@ -226,8 +261,16 @@ def loss_inputs(seed, B=5, T=9):
 
 def areal_loss(logp, behav, prox, mask, adv, rs, decoupled):
     data = {"logprobs": behav, "advantages": adv, "loss_mask": mask, "prox_logp": prox}
-    return grpo_loss_fn(logp, torch.zeros_like(logp), data, eps_clip=0.2, eps_clip_higher=None, c_clip=None,
-                        rejection_sampling=rs, use_decoupled_loss=decoupled)
+    return grpo_loss_fn(
+        logp,
+        torch.zeros_like(logp),
+        data,
+        eps_clip=0.2,
+        eps_clip_higher=None,
+        c_clip=None,
+        rejection_sampling=rs,
+        use_decoupled_loss=decoupled,
+    )
 
 
 RS = RejectionSamplingConfig(level="token", action="mask", metric="ratio", lower=0.3, upper=5.0)
@@ -290,6 +333,7 @@ def test_decoupled_without_rejection_sampling_drops_behave_weight():
 
 # ---------------------------------------------------------------- DIS statistics
 
+
 def test_dis_stats_token_weighted_vs_areal_micro_batch_mean():
     tr = DistributedStatsTracker()
     behav = torch.zeros(1, 8)
@@ -308,17 +352,30 @@ def test_dis_stats_token_weighted_vs_areal_micro_batch_mean():
 
 def test_actor_logs_dis_under_root_names_inside_areal_scope():
     from areal.utils import stats_tracker
+
     stats_tracker.export()  # reset
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, use_decoupled_loss=True,
-                         rejection_sampling=RS, sao=SAOSection(setting="single_dis"))
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        use_decoupled_loss=True,
+        rejection_sampling=RS,
+        sao=SAOSection(setting="single_dis"),
+    )
     actor = SAOPPOActor(cfg, engine=None)
     called = []
     orig = PPOActor._ppo_update
     PPOActor._ppo_update = lambda self, data: called.append(True)
     try:
         with stats_tracker.scope("ppo_actor"):
-            actor._ppo_update({"prox_logp": torch.tensor([[math.log(0.1), 0.0]]), "logprobs": torch.zeros(1, 2),
-                               "loss_mask": torch.ones(1, 2)})
+            actor._ppo_update(
+                {
+                    "prox_logp": torch.tensor([[math.log(0.1), 0.0]]),
+                    "logprobs": torch.zeros(1, 2),
+                    "loss_mask": torch.ones(1, 2),
+                }
+            )
     finally:
         PPOActor._ppo_update = orig
     out = stats_tracker.export()
@@ -326,6 +383,7 @@ def test_actor_logs_dis_under_root_names_inside_areal_scope():
 
 
 # ---------------------------------------------------------------- running-mean baseline
+
 
 def test_reward_norm_matches_running_mean_baseline_single_rank():
     norm, ref = RunningMeanRewardNorm(), RunningMeanBaseline()
@@ -341,6 +399,7 @@ def two_rank_results(tmp_path_factory):
     "Both modes of RunningMeanRewardNorm on 2 gloo ranks (one spawn; the worker module is light)."
     import torch.multiprocessing as mp
     from _areal_dist_worker import rank_worker
+
     d = tmp_path_factory.mktemp("dist")
     mp.spawn(rank_worker, args=(2, str(d / "init"), str(d / "out")), nprocs=2, join=True)
     return [torch.load(f"{d / 'out'}.{r}") for r in (0, 1)]
@@ -363,10 +422,17 @@ def test_running_mean_state_saved_and_restored_by_engine(tmp_path):
     from sao_repro.areal.engine import make_engine_class
 
     class FakeBase:
-        def __init__(self, config): self.config = config
-        def save(self, meta): Path(meta.path, "weights").write_text("w")
-        def load(self, meta): assert Path(meta.path, "weights").exists()
-        def get_version(self): return 0
+        def __init__(self, config):
+            self.config = config
+
+        def save(self, meta):
+            Path(meta.path, "weights").write_text("w")
+
+        def load(self, meta):
+            assert Path(meta.path, "weights").exists()
+
+        def get_version(self):
+            return 0
 
     E = make_engine_class(FakeBase, "actor", "SAOFakeActor")
     cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", sao=SAOSection(setting="running_mean"))
@@ -382,9 +448,14 @@ def test_running_mean_state_saved_and_restored_by_engine(tmp_path):
 
 # ---------------------------------------------------------------- warmup, critic passes, trainer wiring
 
+
 def test_actor_skips_policy_update_during_warmup():
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
-                         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10))
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10),
+    )
     version = {"v": 0}
     actor = SAOPPOActor(cfg, SimpleNamespace(get_version=lambda: version["v"]))
     calls = []
@@ -402,15 +473,21 @@ def test_actor_skips_policy_update_during_warmup():
 def test_critic_runs_k_passes():
     from areal.trainer.ppo.critic import PPOCritic
     from sao_repro.areal.config import SAOCriticConfig
-    cfg = SAOCriticConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
-                          sao=SAOSection(setting="sao", critic_k=3, policy_lambda="adaptive", warmup_steps=10))
+
+    cfg = SAOCriticConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        sao=SAOSection(setting="sao", critic_k=3, policy_lambda="adaptive", warmup_steps=10),
+    )
     critic = SAOPPOCritic(cfg, None)
     calls = []
     orig = PPOCritic.ppo_update
     PPOCritic.ppo_update = lambda self, data: calls.append(1)
     try:
-        critic.ppo_update([{"values": torch.zeros(1, 3), "returns": torch.tensor([[1.0, 0.0, 1.0]]),
-                            "loss_mask": torch.ones(1, 3)}])
+        critic.ppo_update(
+            [{"values": torch.zeros(1, 3), "returns": torch.tensor([[1.0, 0.0, 1.0]]), "loss_mask": torch.ones(1, 3)}]
+        )
     finally:
         PPOCritic.ppo_update = orig
     assert len(calls) == 3
@@ -418,6 +495,7 @@ def test_critic_runs_k_passes():
 
 def test_trainer_builds_sao_engines_for_actor_and_critic_only(monkeypatch):
     import sao_repro.areal.trainer as T
+
     cfg = load("phase2_hard_sao.yaml")
     built = []
 
@@ -443,6 +521,7 @@ def test_trainer_builds_sao_engines_for_actor_and_critic_only(monkeypatch):
 
 def test_engine_classes_resolve_by_dotted_path_names():
     import sao_repro.areal.engine as E
+
     assert E.engine_class_name("actor", "fsdp") == "SAOFSDPPPOActor"
     assert set(E.ENGINE_BASES) == {"SAOFSDPPPOActor", "SAOFSDPPPOCritic", "SAOMegatronPPOActor", "SAOMegatronPPOCritic"}
     with pytest.raises(AttributeError):
@@ -457,21 +536,45 @@ def test_actor_keys_table_covers_all_settings():
 
 # ---------------------------------------------------------------- the training entry without a GPU
 
+
 def test_train_module_help_and_print_config():
     env = dict(os.environ)
-    r = subprocess.run([sys.executable, "-m", "sao_repro.areal.train", "--help"], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "sao_repro.areal.train", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0 and "--config" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "sao_repro.areal.train", "--config", "configs/phase2_hard_grpo.yaml",
-                        "--print-config", "--dotenv", "none", "seed=4"], capture_output=True, text=True, cwd=ROOT,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sao_repro.areal.train",
+            "--config",
+            "configs/phase2_hard_grpo.yaml",
+            "--print-config",
+            "--dotenv",
+            "none",
+            "seed=4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     import yaml
+
     d = yaml.safe_load(r.stdout)
     assert d["trial_name"] == "grpo_s4" and d["sao"]["setting"] == "grpo"
 
 
 # ---------------------------------------------------------------- patches
+
 
 def test_patches_apply_to_installed_wheel_or_none_needed():
     patches = sorted(glob.glob(str(ROOT / "patches" / "*.patch")))
@@ -481,6 +584,7 @@ def test_patches_apply_to_installed_wheel_or_none_needed():
         assert "none" in readme.read_text().lower()
         return
     import areal
+
     site = Path(areal.__file__).resolve().parent.parent
     for p in patches:
         assert Path(p).name in readme.read_text(), f"{p} is not explained in patches/README.md"
@@ -491,6 +595,7 @@ def test_patches_apply_to_installed_wheel_or_none_needed():
 def test_math_dataset_and_reward_env_for_the_workers(tmp_path, monkeypatch):
     import json
     from sao_repro.areal.train import load_math_dataset, _export_reward_env, PROMPT_SUFFIX
+
     f = tmp_path / "train.jsonl"
     f.write_text(json.dumps({"id": "a", "question": "What is 1+1?", "answer": "so \\boxed{2}\n#### 2"}) + "\n")
     ds = load_math_dataset(str(f))
@@ -511,19 +616,30 @@ def test_critic_logs_what_the_health_flags_read():
     "critic/grad_clip (the optimizer's gradient_clipping) and critic/returns_std, 0 for a degenerate batch."
     from areal.utils import stats_tracker
     from sao_repro.areal.engine import critic_health
+
     cfg = SimpleNamespace(optimizer=SimpleNamespace(gradient_clipping=1.0))
     d = [{"returns": torch.tensor([[1.0, 0.0, 1.0]]), "loss_mask": torch.ones(1, 3)}]
     h = critic_health(d, cfg)
-    assert h["critic/grad_clip"] == 1.0 and abs(h["critic/returns_std"] - (2 / 9) ** 0.5) < 1e-6  # population std of 1, 0, 1
+    assert (
+        h["critic/grad_clip"] == 1.0 and abs(h["critic/returns_std"] - (2 / 9) ** 0.5) < 1e-6
+    )  # population std of 1, 0, 1
     same = [{"returns": torch.ones(1, 3), "loss_mask": torch.ones(1, 3)}]
     assert critic_health(same, cfg)["critic/returns_std"] == 0.0
     stats_tracker.export()  # drop what earlier tests left
     from areal.trainer.ppo.critic import PPOCritic
     from sao_repro.areal.config import SAOCriticConfig
     from areal.api.cli_args import OptimizerConfig
-    critic = SAOPPOCritic(SAOCriticConfig(experiment_name="t", trial_name="t", backend="fsdp:d1",
-                                          optimizer=OptimizerConfig(gradient_clipping=10.0),
-                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10)), None)
+
+    critic = SAOPPOCritic(
+        SAOCriticConfig(
+            experiment_name="t",
+            trial_name="t",
+            backend="fsdp:d1",
+            optimizer=OptimizerConfig(gradient_clipping=10.0),
+            sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10),
+        ),
+        None,
+    )
     orig = PPOCritic.ppo_update
     PPOCritic.ppo_update = lambda self, data: None
     try:
@@ -539,9 +655,16 @@ def test_adv_whiten_whitens_advantages_not_returns():
     data = random_batch(5)
     outs = {}
     for w in (False, True):
-        ours = SAOPPOActor(SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
-                                          sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10,
-                                                         adv_whiten=w, strict=False)), engine=None)
+        ours = SAOPPOActor(
+            SAOActorConfig(
+                experiment_name="t",
+                trial_name="t",
+                backend="fsdp:d1",
+                kl_ctl=0.0,
+                sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10, adv_whiten=w, strict=False),
+            ),
+            engine=None,
+        )
         outs[w] = ours._compute_advantages(copy.deepcopy(data))
     m = outs[True]["loss_mask"].bool()
     assert torch.equal(outs[True]["returns"], outs[False]["returns"])
@@ -556,15 +679,31 @@ def test_critic_engine_freezes_attention_before_its_optimizer(monkeypatch):
     "The SAO critic engine's _create_optimizer freezes the tiny HF model's self_attn.* first: AdamW then never holds their state."
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from sao_repro.areal.engine import make_engine_class
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+
     class Base:
-        def __init__(self, config): self.config = config
+        def __init__(self, config):
+            self.config = config
+
         def _create_optimizer(self, ft_spec):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+
     cls = make_engine_class(Base, "critic", "SAOTestCritic")
     eng = object.__new__(cls)
-    eng.config, eng.model = SimpleNamespace(sao=SAOSection(setting="sao", critic_freeze="attention", strict=False)), model
+    eng.config, eng.model = (
+        SimpleNamespace(sao=SAOSection(setting="sao", critic_freeze="attention", strict=False)),
+        model,
+    )
     cls._create_optimizer(eng, None)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert frozen and all(".self_attn." in n for n in frozen) and len(frozen) == 7  # q, k, v (weight + bias), o
@@ -600,8 +739,12 @@ def test_paper_reading_config_loads_and_matches_its_readings():
         load("phase2_hard_sao_paper.yaml", "actor.rejection_sampling.lower=0.3", "actor.rejection_sampling.upper=5.0")
     with pytest.raises(ValueError, match="reference, paper-math, paper-coding"):
         load("phase2_hard_sao_paper.yaml", "sao.dis_band=paper")
-    cfg = load("phase2_hard_sao.yaml", "sao.dis_band=paper-coding", "actor.rejection_sampling.lower=0.2",
-               "actor.rejection_sampling.upper=4.0")
+    cfg = load(
+        "phase2_hard_sao.yaml",
+        "sao.dis_band=paper-coding",
+        "actor.rejection_sampling.lower=0.2",
+        "actor.rejection_sampling.upper=4.0",
+    )
     assert setting_mismatches(cfg) == [] and cfg.sao.effective_setting().band == (0.2, 4.0)
     with pytest.raises(ValueError, match="sao.critic_freeze"):
         load("phase2_hard_grpo_dis.yaml", "+sao.critic_freeze=attention")  # no critic to freeze
@@ -609,9 +752,17 @@ def test_paper_reading_config_loads_and_matches_its_readings():
 
 def _tiny_critic(seed, **kw):
     from transformers import Qwen2Config, Qwen2ForTokenClassification
+
     torch.manual_seed(seed)
-    c = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, num_labels=1)
+    c = dict(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+    )
     return Qwen2ForTokenClassification(Qwen2Config(**{**c, **kw}))
 
 
@@ -619,20 +770,30 @@ def test_critic_engine_warm_starts_from_an_areal_critic_checkpoint(tmp_path):
     "sao.critic_init: an AReaL critic folder is checked name by name and shape by shape, loaded before freezing, recorded."
     from areal.utils.save_load import get_state_dict_from_repo_id_or_path
     from sao_repro.areal.engine import critic_init_source, make_engine_class
+
     ck = tmp_path / "critic" / "epoch0epochstep7globalstep7"
     _tiny_critic(0).save_pretrained(ck)  # what AReaL's critic engine writes (model.save_pretrained, safetensors)
+
     class Base:  # AReaL's engine interface, without torch.distributed
-        def __init__(self, config): self.config = config
+        def __init__(self, config):
+            self.config = config
+
         def _load_model_from_hf(self, path):
             self.model.load_state_dict(get_state_dict_from_repo_id_or_path(path))
+
         def _create_optimizer(self, ft_spec):
             self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2)
+
     cls = make_engine_class(Base, "critic", "SAOTestCriticInit")
+
     def engine(model, path, freeze="none"):
         eng = object.__new__(cls)
-        eng.config = SimpleNamespace(sao=SAOSection(setting="sao", critic_init=str(path), critic_freeze=freeze, strict=False))
+        eng.config = SimpleNamespace(
+            sao=SAOSection(setting="sao", critic_init=str(path), critic_freeze=freeze, strict=False)
+        )
         eng.model = model
         return eng
+
     eng = engine(_tiny_critic(1), ck, "attention")
     cls._create_optimizer(eng, None)
     saved = _tiny_critic(0).state_dict()
@@ -644,7 +805,10 @@ def test_critic_engine_warm_starts_from_an_areal_critic_checkpoint(tmp_path):
     # a critic of another shape: the error names the parameters that differ, nothing is loaded
     other = _tiny_critic(2, intermediate_size=48)
     before = {k: v.clone() for k, v in other.state_dict().items()}
-    with pytest.raises(ValueError, match=r"shapes differ .* model\.layers\.0\.mlp\.down_proj\.weight \(here \(16, 48\), there \(16, 32\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"shapes differ .* model\.layers\.0\.mlp\.down_proj\.weight \(here \(16, 48\), there \(16, 32\)\)",
+    ):
         cls._create_optimizer(engine(other, ck), None)
     assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
     # across backends: a testbed run folder or checkpoint is refused with the reason; so is a policy checkpoint
@@ -655,8 +819,17 @@ def test_critic_engine_warm_starts_from_an_areal_critic_checkpoint(tmp_path):
         with pytest.raises(ValueError, match="testbed .* cannot warm-start an AReaL critic"):
             cls._create_optimizer(engine(_tiny_critic(1), p), None)
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "policy")
+
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(tmp_path / "policy")
     with pytest.raises(ValueError, match="Qwen2ForCausalLM checkpoint, not a critic"):
         critic_init_source(str(tmp_path / "policy"))
     with pytest.raises(FileNotFoundError, match="no such folder"):
@@ -670,11 +843,16 @@ def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeyp
     import json
     import areal.api.cli_args as cli_args
     from sao_repro.areal import train as T
+
     ck = tmp_path / "ck" / "epoch1epochstep3globalstep12"
     _tiny_critic(0).save_pretrained(ck)
     run = tmp_path / "run"
-    cfg = load("phase2_hard_sao_paper.yaml", f"sao.run_dir={run}", f"sao.critic_init={ck}",
-               f"cluster.fileroot={tmp_path / 'areal'}")  # AReaL's log folders go there, not under the working folder
+    cfg = load(
+        "phase2_hard_sao_paper.yaml",
+        f"sao.run_dir={run}",
+        f"sao.critic_init={ck}",
+        f"cluster.fileroot={tmp_path / 'areal'}",
+    )  # AReaL's log folders go there, not under the working folder
     monkeypatch.setattr(cli_args, "save_config", lambda *a, **k: None)  # AReaL's own copy goes under its fileroot
     T._start_run(cfg, str(run))
     c = json.loads((run / "config.json").read_text())
@@ -683,10 +861,12 @@ def test_config_json_records_the_band_preset_and_critic_source(tmp_path, monkeyp
     src = c["critic_source"]
     assert src["path"] == str(ck.resolve()) and src["step"] == 12 and len(src["sha256"]) == 64
     import hashlib
+
     assert src["sha256"] == hashlib.sha256((ck / "model.safetensors").read_bytes()).hexdigest()
 
 
 # ---------------------------------------------------------------- one reward placement, one GRPO, mismatch stats
+
 
 def obs_tail_batch():
     """AReaL layout, width 9: row 0 = prompt 2 + actions 3 + a tool's output 2 (ends on observation tokens) + padding;
@@ -694,16 +874,28 @@ def obs_tail_batch():
     lmask = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1, 0, 0, 0]])
     attn = torch.tensor([[1] * 7 + [0] * 2, [1] * 6 + [0] * 3, [1] * 9])
     g = torch.Generator().manual_seed(3)
-    return {"input_ids": torch.randint(0, 50, (3, 9), generator=g), "attention_mask": attn, "loss_mask": lmask,
-            "logprobs": -torch.rand(3, 9, generator=g) * attn, "values": torch.randn(3, 9, generator=g),
-            "rewards": torch.tensor([1.0, -0.5, 2.0])}
+    return {
+        "input_ids": torch.randint(0, 50, (3, 9), generator=g),
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "logprobs": -torch.rand(3, 9, generator=g) * attn,
+        "values": torch.randn(3, 9, generator=g),
+        "rewards": torch.tensor([1.0, -0.5, 2.0]),
+    }
 
 
 def test_reward_on_the_last_action_as_the_testbed_for_rows_ending_on_observations():
     from sao_repro.advantages import get_advantage
+
     data = obs_tail_batch()
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
-                         sao=SAOSection(setting="sao", policy_lambda="0.9", critic_lambda=1.0, warmup_steps=10))
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        discount=1.0,
+        sao=SAOSection(setting="sao", policy_lambda="0.9", critic_lambda=1.0, warmup_steps=10),
+    )
     o = SAOPPOActor(cfg, engine=None)._compute_advantages(copy.deepcopy(data))
     m = torch.roll(data["loss_mask"], -1, -1).bool()  # the testbed's mask: position t is the action emitting token t+1
     adv_tb, _ = get_advantage("gae")(data["rewards"], m, values=data["values"], gamma=1.0, lam=0.9)
@@ -712,8 +904,12 @@ def test_reward_on_the_last_action_as_the_testbed_for_rows_ending_on_observation
     torch.testing.assert_close(o["returns"], ret_tb)
     assert torch.equal(o["returns"][0][m[0]], torch.ones(3))  # the outcome reaches every action of row 0
     # AReaL 1.0.4 puts row 0's and row 2's rewards at seqlens - 2, an observation token: their actions never see them
-    theirs = PPOActor(PPOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
-                                     discount=1.0, gae_lambda=1.0), engine=None)
+    theirs = PPOActor(
+        PPOActorConfig(
+            experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0, gae_lambda=1.0
+        ),
+        engine=None,
+    )
     zero_v = copy.deepcopy(data)
     zero_v["values"].zero_()
     a = theirs._compute_advantages(zero_v)
@@ -725,6 +921,7 @@ def test_reward_on_the_last_action_as_the_testbed_for_rows_ending_on_observation
 def test_grpo_advantages_equal_in_both_backends_at_std_0_1e7_and_half(setting):
     from areal.api.cli_args import NormConfig
     from sao_repro.advantages import grpo_advantages
+
     z = torch.tensor([-1.5, -0.5, 0.5, 1.5])
     rewards = torch.cat([torch.ones(4), z / z.std() * 1e-7, z / z.std() * 0.5 + 0.25])
     B, T = 12, 7
@@ -732,14 +929,27 @@ def test_grpo_advantages_equal_in_both_backends_at_std_0_1e7_and_half(setting):
     lmask, attn = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
     for b in range(B):  # prompt 2 + 1..4 actions, right-padded
         n = int(torch.randint(1, 5, (1,), generator=g))
-        lmask[b, 2:2 + n], attn[b, :2 + n] = 1, 1
-    data = {"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": attn,
-            "loss_mask": lmask, "logprobs": torch.zeros(B, T), "rewards": rewards}
+        lmask[b, 2 : 2 + n], attn[b, : 2 + n] = 1, 1
+    data = {
+        "input_ids": torch.ones(B, T, dtype=torch.long),
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "logprobs": torch.zeros(B, T),
+        "rewards": rewards,
+    }
     s = get_setting(setting)
     band = {"rejection_sampling": RS} if s.band else {}
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
-                         reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
-                         use_decoupled_loss=s.band is not None, **band, sao=SAOSection(setting=setting))
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        discount=1.0,
+        reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
+        use_decoupled_loss=s.band is not None,
+        **band,
+        sao=SAOSection(setting=setting),
+    )
     actor = SAOPPOActor(cfg, engine=None)
     assert type(actor.reward_norm).__name__ == "GroupRewardNorm"
     o = actor._compute_advantages(copy.deepcopy(data))
@@ -748,14 +958,23 @@ def test_grpo_advantages_equal_in_both_backends_at_std_0_1e7_and_half(setting):
     torch.testing.assert_close(o["advantages"], adv_tb, rtol=0, atol=1e-6)
     assert torch.equal(o["advantages"][:8], torch.zeros(8, T))  # std 0 and 1e-7: no signal in either backend
     assert float(o["advantages"][8:][m[8:]].abs().max()) > 1.0
-    theirs = PPOActor(PPOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0, discount=1.0,
-                                     reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4)),
-                      engine=None)._compute_advantages(copy.deepcopy(data))
+    theirs = PPOActor(
+        PPOActorConfig(
+            experiment_name="t",
+            trial_name="t",
+            backend="fsdp:d1",
+            kl_ctl=0.0,
+            discount=1.0,
+            reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
+        ),
+        engine=None,
+    )._compute_advantages(copy.deepcopy(data))
     assert float(theirs["advantages"][4:8].abs().max()) > 5e-3  # AReaL's std + 1e-5 turns float noise into a signal
 
 
 def test_version_stats_count_generated_tokens_not_padding():
     from sao_repro.areal.engine import version_stats
+
     # versions as AReaL pads a batch: -1 on the prompt, 0 in the padding after shorter rows
     versions = torch.tensor([[-1, -1, 5, 5, 6, 0, 0], [-1, 6, 6, 6, 6, 6, 6], [-1, -1, -1, 5, 0, 0, 0]])
     lmask = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 0, 0, 0]])
@@ -768,19 +987,28 @@ def test_version_stats_count_generated_tokens_not_padding():
 def test_actor_logs_mismatch_and_lag_every_step():
     "The actor's `_compute_advantages` logs the `mismatch/` keys (lag only without recomputed log-probs)."
     data = obs_tail_batch()
-    data["versions"] = torch.where(data["loss_mask"].bool(), torch.tensor([[4], [3], [4]]), torch.zeros(3, 9, dtype=torch.long))
+    data["versions"] = torch.where(
+        data["loss_mask"].bool(), torch.tensor([[4], [3], [4]]), torch.zeros(3, 9, dtype=torch.long)
+    )
     data["prox_logp"] = torch.roll(data["logprobs"], -1, -1).clone()
     data["prox_logp"][1] += 0.2  # the lagged row differs; the current rows agree exactly
     for prox in (True, False):
-        cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", kl_ctl=0.0,
-                             use_decoupled_loss=prox, recompute_logprob=prox,
-                             sao=SAOSection(setting="sao", policy_lambda="1.0", warmup_steps=0, strict=False))
+        cfg = SAOActorConfig(
+            experiment_name="t",
+            trial_name="t",
+            backend="fsdp:d1",
+            kl_ctl=0.0,
+            use_decoupled_loss=prox,
+            recompute_logprob=prox,
+            sao=SAOSection(setting="sao", policy_lambda="1.0", warmup_steps=0, strict=False),
+        )
         actor = SAOPPOActor(cfg, SimpleNamespace(get_version=lambda: 4))
         d = copy.deepcopy(data)
         if not prox:
             d.pop("prox_logp")
         tracker = DistributedStatsTracker()
         import sao_repro.areal.engine as E
+
         old = E.stats_tracker.scalar
         E.stats_tracker.scalar = tracker.scalar
         try:
@@ -801,11 +1029,21 @@ def test_areal_trainer_writes_a_nan_event_and_an_inf_critic_grad_norm_is_over_th
     from sao_repro.areal.trainer import append_metrics
     from sao_repro.metrics import scan_runs
     from sao_repro.runlog import read_events
+
     d = tmp_path / "areal" / "sao" / "seed1"
     for s in range(1, 6):
-        append_metrics(str(d), s, {"ppo_critic/update/grad_norm": math.inf if s >= 3 else 0.5,
-                                   "ppo_critic/update/critic/grad_clip": 1.0, "ppo_actor/update/actor_loss/avg": 0.1})
+        append_metrics(
+            str(d),
+            s,
+            {
+                "ppo_critic/update/grad_norm": math.inf if s >= 3 else 0.5,
+                "ppo_critic/update/critic/grad_clip": 1.0,
+                "ppo_actor/update/actor_loss/avg": 0.1,
+            },
+        )
     ev = read_events(d)
-    assert [(e["event"], e["details"]) for e in ev] == [("nan", {"step": s, "keys": ["critic/grad_norm"]}) for s in (3, 4, 5)]
+    assert [(e["event"], e["details"]) for e in ev] == [
+        ("nan", {"step": s, "keys": ["critic/grad_norm"]}) for s in (3, 4, 5)
+    ]
     info = scan_runs(tmp_path)[0]
     assert info["flags"]["nan"] and info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 5

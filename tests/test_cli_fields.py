@@ -1,5 +1,6 @@
 """The testbed command line is `MiniRunConfig`: every field is a flag of `sao-repro run` (and of `compare`), every sweep
 key is a field, and a bad choice is refused with exit 2 naming the choices (sao_repro.mini.cli, sao_repro.mini.sweep)."""
+
 import os
 import re
 import shlex
@@ -21,9 +22,21 @@ REPO = Path(__file__).resolve().parent.parent
 HINTS = get_type_hints(MiniRunConfig)
 FIELDS = [f.name for f in fields(MiniRunConfig)]
 # values the generic rule below cannot pick (no default to step from, or a constrained string)
-OTHER = {"setting": "grpo", "ops": "+-", "out": "elsewhere", "critic_warmup": 5, "critic_k": 3, "critic_width": 32,
-         "policy_lambda": 0.9, "sft_noise": 0.2, "debug_nan_step": 2, "adv_whiten": True,
-         "critic_freeze": "attention", "critic_init": "elsewhere/run", "dis_band": "paper-math"}
+OTHER = {
+    "setting": "grpo",
+    "ops": "+-",
+    "out": "elsewhere",
+    "critic_warmup": 5,
+    "critic_k": 3,
+    "critic_width": 32,
+    "policy_lambda": 0.9,
+    "sft_noise": 0.2,
+    "debug_nan_step": 2,
+    "adv_whiten": True,
+    "critic_freeze": "attention",
+    "critic_init": "elsewhere/run",
+    "dis_band": "paper-math",
+}
 
 
 def flag(name: str) -> str:
@@ -51,12 +64,14 @@ def critic_file(tmp_path_factory):
     import torch
     from sao_repro.mini.critic_init import critic_model
     from sao_repro.mini.model import PolicyModel
+
     root = tmp_path_factory.mktemp("critics").resolve()
 
     def make(cfg: MiniRunConfig) -> str:
         p = root / f"critic{len(list(root.iterdir()))}.pt"
         torch.save(critic_model(cfg, PolicyModel(cfg.model()), 0.0).state_dict(), p)
         return str(p)
+
     return make
 
 
@@ -151,8 +166,13 @@ def test_bad_choice_exits_2_naming_the_choices(name, capsys, tmp_path):
 def test_bad_choice_exit_code_of_the_command():
     "The real `sao-repro run` process: exit 2, the option and its choices on stderr, no traceback."
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "run", "--setting", "sao", "--lag-mode", "sometimes"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "sao_repro.cli", "run", "--setting", "sao", "--lag-mode", "sometimes"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert "--lag-mode" in p.stderr and "'fixed'" in p.stderr and "'random'" in p.stderr and "Traceback" not in p.stderr
 
@@ -161,7 +181,10 @@ def test_the_reports_run_command_reproduces_the_config(captured, critic_file):
     "The `sao-repro run` line the report prints for a run folder parses back to that run's config."
     from dataclasses import asdict, replace
     from sao_repro.report.text import run_command
-    cfg = MiniRunConfig(**{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads", "critic_init")})
+
+    cfg = MiniRunConfig(
+        **{n: other_value(n) for n in FIELDS if n not in ("setting", "backend", "threads", "critic_init")}
+    )
     cfg = replace(cfg, critic_init=critic_file(cfg))
     assert main(shlex.split(run_command(asdict(cfg)))[1:]) == 0
     assert asdict(captured["config"]) == asdict(cfg)

@@ -1,5 +1,6 @@
 """`sao-repro lab` keeps its token to its owner: never on any process's command line (what `ps` shows every user),
 read by the server from a private file; the server's runtime files that hold it are removed on Ctrl-C."""
+
 import json
 import os
 import re
@@ -35,8 +36,14 @@ def status(base, token=None):
 
 
 def test_the_lab_token_is_on_no_command_line_and_its_files_go_with_ctrl_c(tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "sao_repro.cli", "lab", "--port", "0", "--no-browser"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sao_repro.cli", "lab", "--port", "0", "--no-browser"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         link = None
         t0 = time.monotonic()
@@ -61,8 +68,11 @@ def test_the_lab_token_is_on_no_command_line_and_its_files_go_with_ctrl_c(tmp_pa
         os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in the lab's terminal
         assert p.wait(60) == 0
         assert not private.exists(), "the token's file and the runtime files were left behind"
-        assert not [pid for pid in server if Path(f"/proc/{pid}").exists()
-                    and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]]
+        assert not [
+            pid
+            for pid in server
+            if Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        ]
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

@@ -1,4 +1,5 @@
 """MATH preparation: last-box extraction, the GSM8K-style output, determinism, manifest, offline failure."""
+
 import hashlib
 import json
 import os
@@ -10,30 +11,32 @@ from pathlib import Path
 
 import pytest
 
-from sao_repro.data import (HARD_LEVELS, gold_from_answer, last_boxed, make_math_fixture, prepare_math,
-                            prepare_math_main)
+from sao_repro.data import HARD_LEVELS, gold_from_answer, last_boxed, make_math_fixture, prepare_math, prepare_math_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("text,expected", [
-    (r"so $\boxed{\frac{1}{2}}$.", r"\frac{1}{2}"),
-    (r"\boxed{3} then \boxed{4}", "4"),  # the last box wins
-    (r"\fbox{7}", "7"),
-    (r"\boxed{1} then \fbox{2}", "2"),
-    (r"\fbox{1} then \boxed{2}", "2"),
-    (r"$\boxed 5$", "5"),
-    (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not grouping
-    (r"\boxed{a_{b_{c}}} done", "a_{b_{c}}"),
-    (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
-    (r"\boxed{x}\\{y}", "x"),  # `\\` is a line break, then a real brace group outside the box
-    (r"\boxed{2} \boxed{3", None),  # the last box is unclosed (truncated): no answer
-    (r"\boxed{}", None),
-    ("no box at all", None),
-    (r"\boxedfoo{1}", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (r"so $\boxed{\frac{1}{2}}$.", r"\frac{1}{2}"),
+        (r"\boxed{3} then \boxed{4}", "4"),  # the last box wins
+        (r"\fbox{7}", "7"),
+        (r"\boxed{1} then \fbox{2}", "2"),
+        (r"\fbox{1} then \boxed{2}", "2"),
+        (r"$\boxed 5$", "5"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not grouping
+        (r"\boxed{a_{b_{c}}} done", "a_{b_{c}}"),
+        (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
+        (r"\boxed{x}\\{y}", "x"),  # `\\` is a line break, then a real brace group outside the box
+        (r"\boxed{2} \boxed{3", None),  # the last box is unclosed (truncated): no answer
+        (r"\boxed{}", None),
+        ("no box at all", None),
+        (r"\boxedfoo{1}", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
 
@@ -119,8 +122,9 @@ def test_output_loads_with_areal_reader_call(tmp_path):
 
     src = make_math_fixture(tmp_path / "src")
     prepare_math(tmp_path / "out", source=str(src))
-    ds = datasets.load_dataset(str(tmp_path / "out"), name="main", split="train",
-                               cache_dir=str(tmp_path / "cache"))  # how AReaL's GSM8K reader calls it
+    ds = datasets.load_dataset(
+        str(tmp_path / "out"), name="main", split="train", cache_dir=str(tmp_path / "cache")
+    )  # how AReaL's GSM8K reader calls it
     assert len(ds) == 10 and "####" in ds[0]["answer"]
 
 
@@ -133,8 +137,9 @@ def test_schema_error_names_missing_column(tmp_path, capsys):
 
 def test_cli_levels_and_splits(tmp_path, capsys):
     src = make_math_fixture(tmp_path / "src")
-    rc = prepare_math_main(["--output", str(tmp_path / "o"), "--source", str(src), "--levels", "4", "5",
-                            "--splits", "test"])
+    rc = prepare_math_main(
+        ["--output", str(tmp_path / "o"), "--source", str(src), "--levels", "4", "5", "--splits", "test"]
+    )
     assert rc == 0
     assert not (tmp_path / "o" / "train.jsonl").exists()
     rows = _read_jsonl(tmp_path / "o" / "test.jsonl")
@@ -164,8 +169,21 @@ def test_offline_hub_fails_fast_with_hint(tmp_path, monkeypatch, capsys):
 def test_script_wrapper_runs(tmp_path):
     src = make_math_fixture(tmp_path / "src")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_math.py"), "--output",
-                          str(tmp_path / "o"), "--source", str(src), "--levels", "hard"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "prepare_math.py"),
+            "--output",
+            str(tmp_path / "o"),
+            "--source",
+            str(src),
+            "--levels",
+            "hard",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "o" / "manifest.json").exists()

@@ -3,6 +3,7 @@ warning block), each page's <title> its notebook's title; a warning nbdev gives 
 The whole site (slow): every notebook processed (the command exits 0 and reports no failure), one page per notebook;
 headless Chromium (Playwright) opens the DIS page and finds its maths drawn as MathML, no raw `$$` left, and the
 navigation as a sidebar beside the page."""
+
 import html
 import json
 import re
@@ -25,12 +26,28 @@ PROGRESS = re.compile(r"docs \[(\d+)/(\d+)\] (.+?) -> (\S+)$")
 
 def build(root, out, *args):
     "`sao-repro docs` as users run it: (exit code, everything it printed: stdout then stderr)."
-    r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "docs", "--root", str(root), "--out", str(out),
-                        "--report", str(out.parent / "no-report.html"), *args], capture_output=True, text=True, timeout=3000)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sao_repro.cli",
+            "docs",
+            "--root",
+            str(root),
+            "--out",
+            str(out),
+            "--report",
+            str(out.parent / "no-report.html"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     return r.returncode, r.stdout + r.stderr
 
 
-def quiet_pages(output:str, out:Path) -> dict[str, str]:
+def quiet_pages(output: str, out: Path) -> dict[str, str]:
     "Check a build's output is one progress line per page written then the count; returns {notebook: page} from it."
     assert "Found cells containing imports" not in output and "Warning:" not in output, output[-3000:]
     lines = [l for l in output.splitlines() if l.strip()]
@@ -47,11 +64,16 @@ def quiet_pages(output:str, out:Path) -> dict[str, str]:
 def notebook_title(nb_path) -> str:
     "A notebook's title: its first markdown `# Title` line, as plain text (code marks dropped)."
     nb = json.loads(Path(nb_path).read_text())
-    return next(l[2:].replace("`", "").strip() for c in nb["cells"] if c["cell_type"] == "markdown"
-                for l in "".join(c["source"]).splitlines() if l.startswith("# "))
+    return next(
+        l[2:].replace("`", "").strip()
+        for c in nb["cells"]
+        if c["cell_type"] == "markdown"
+        for l in "".join(c["source"]).splitlines()
+        if l.startswith("# ")
+    )
 
 
-def page_title(page:Path) -> str:
+def page_title(page: Path) -> str:
     titles = re.findall(r"<title>(.*?)</title>", page.read_text(), flags=re.S)
     return html.unescape(titles[0]).strip() if titles else ""
 
@@ -74,9 +96,17 @@ def test_a_build_is_quiet_and_titles_pages_by_their_notebooks(tmp_path):
     code, output = build(root, out, "--only", "10_dis.ipynb", "04_stats.ipynb")
     assert code == 0, output[-3000:]
     pages = quiet_pages(output, out)
-    assert pages == {"index.ipynb": "index.html", "04_stats.ipynb": "stats.html", "10_dis.ipynb": "dis.html",
-                     "report (not built yet)": "math_hard_report.html"}
-    assert page_title(out / "dis.html") == notebook_title(ROOT / MATH_NB) == "DIS: decoupled importance sampling with a trust band"
+    assert pages == {
+        "index.ipynb": "index.html",
+        "04_stats.ipynb": "stats.html",
+        "10_dis.ipynb": "dis.html",
+        "report (not built yet)": "math_hard_report.html",
+    }
+    assert (
+        page_title(out / "dis.html")
+        == notebook_title(ROOT / MATH_NB)
+        == "DIS: decoupled importance sampling with a trust band"
+    )
     assert page_title(out / "index.html") == notebook_title(ROOT / "nbs/index.ipynb")
     assert page_title(out / "math_hard_report.html") == "MATH-hard report"
 
@@ -84,13 +114,33 @@ def test_a_build_is_quiet_and_titles_pages_by_their_notebooks(tmp_path):
 def test_an_nbdev_warning_is_one_line_naming_the_notebook(tmp_path, capsys):
     "A cell beside exports mixing imports and other code makes nbdev warn with a block; the build says it in one line."
     root = copy_root(tmp_path, [])
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# Mixed\n", "> a cell mixes imports and code"]},
-             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": ["#| default_exp mixed"]},
-             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-              "source": ["#| export\n", "def f():\n", "    \"One.\"\n", "    return 1"]},
-             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-              "source": ["import os\n", "sep = os.sep\n", "assert f() == 1"]}]
-    (root / "nbs" / "11_mixed.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# Mixed\n", "> a cell mixes imports and code"]},
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": ["#| default_exp mixed"],
+        },
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": ["#| export\n", "def f():\n", '    "One."\n', "    return 1"],
+        },
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": ["import os\n", "sep = os.sep\n", "assert f() == 1"],
+        },
+    ]
+    (root / "nbs" / "11_mixed.ipynb").write_text(
+        json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    )
     lines = []
     done = process_docs(root, ["11_mixed.ipynb"], log=lines.append)
     assert list(done) == ["11_mixed.ipynb"]

@@ -2,6 +2,7 @@
 
 Real processes and files throughout: runs killed by signals, logs with torn or garbage tails,
 truncated checkpoints, hostile folder names."""
+
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from sao_repro.mini.cli import compare_main, execute_run, find_run_notebook, run_main
-from sao_repro.mini.train import (ConfigChangeError, RunExistsError, checkpoints, read_metrics, train_run)
+from sao_repro.mini.train import ConfigChangeError, RunExistsError, checkpoints, read_metrics, train_run
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +34,13 @@ def cli(*args, env=None) -> subprocess.Popen:
     "`sao-repro ARGS` as a real process using this checkout."
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return subprocess.Popen([sys.executable, "-m", "sao_repro.cli", *map(str, args)], env=e, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sao_repro.cli", *map(str, args)],
+        env=e,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 # ---------------------------------------------------------------- 1. a run folder is never silently replaced
@@ -94,17 +100,26 @@ def test_resume_after_torn_logs_and_corrupt_checkpoint_equals_uninterrupted(tmp_
     pa, pb = (torch.load(checkpoints(x)[-1], weights_only=False) for x in (full, d))
     assert all(torch.equal(pa["policy"][k], pb["policy"][k]) for k in pa["policy"])
     ev = events(d)
-    assert ev[ev.index("repair"):ev.index("resume") + 1] == ["repair", "checkpoint_unreadable", "resume"]
+    assert ev[ev.index("repair") : ev.index("resume") + 1] == ["repair", "checkpoint_unreadable", "resume"]
     assert (d / "checkpoints" / "step_000004.pt.unreadable").exists()  # set aside, not deleted
     resume = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if "\tresume\t" in l]
     assert resume[-1]["step"] == 2
 
 
 def test_read_metrics_skips_garbage_and_absurd_steps(tmp_path):
-    lines = [b'{"step": 1, "acc": 0.5}', b'{"step": 1e30, "acc": 1}', b'{"step": -3}', b'{"step": NaN}', b"\xff\xfe",
-             b'[1, 2]', b'{"step": 2, "acc": 0.25}', b'{"step": 3, "a']
+    lines = [
+        b'{"step": 1, "acc": 0.5}',
+        b'{"step": 1e30, "acc": 1}',
+        b'{"step": -3}',
+        b'{"step": NaN}',
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"step": 2, "acc": 0.25}',
+        b'{"step": 3, "a',
+    ]
     (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines))
     from collections import Counter
+
     skipped = Counter()
     assert [m["step"] for m in read_metrics(tmp_path, skipped)] == [1, 2]
     assert skipped["bad_line"] == 6
@@ -122,7 +137,9 @@ def test_resume_with_changed_option_is_refused_or_recorded(tmp_path, capsys):
     assert "lr 0.0001 -> 0.001" in err and "noise 1.0 -> 0.5" in err and "--allow-config-change" in err
     assert snapshot(d) == before
     assert run_main(more + ["--resume"]) == 0  # more steps is not a change of results
-    assert run_main([a if a != "4" else "6" for a in more] + ["--resume", "--lr", "0.001", "--allow-config-change"]) == 0
+    assert (
+        run_main([a if a != "4" else "6" for a in more] + ["--resume", "--lr", "0.001", "--allow-config-change"]) == 0
+    )
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["lr"] == 0.001 and cfg["changes"] == [{"step": 4, "key": "lr", "old": 0.0001, "new": 0.001}]
     assert "config_change" in events(d)
@@ -133,8 +150,20 @@ def test_resume_with_changed_option_is_refused_or_recorded(tmp_path, capsys):
 # ---------------------------------------------------------------- 9. Ctrl-C / SIGTERM and argument errors
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_at_a_step_boundary_and_names_resume(sig, tmp_path):
-    args = ["run", "--setting", "grpo", "--out", tmp_path, "--steps", "400", "--ckpt-every", "1000", "--eval-every", "1000",
-            *SMOKE_FLAGS]
+    args = [
+        "run",
+        "--setting",
+        "grpo",
+        "--out",
+        tmp_path,
+        "--steps",
+        "400",
+        "--ckpt-every",
+        "1000",
+        "--eval-every",
+        "1000",
+        *SMOKE_FLAGS,
+    ]
     proc = cli(*args)
     m = tmp_path / "mini" / "grpo" / "seed0" / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -153,8 +182,10 @@ def test_signal_stops_at_a_step_boundary_and_names_resume(sig, tmp_path):
     assert rec["signal"] == signal.Signals(sig).name and rec["step"] == ms[-1]["step"]
 
 
-@pytest.mark.parametrize("bad", [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"],
-                                 ["--lag", "-2"], ["--eval-n", "0"]])
+@pytest.mark.parametrize(
+    "bad",
+    [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"], ["--lag", "-2"], ["--eval-n", "0"]],
+)
 def test_bad_numbers_exit_2_before_any_folder(bad, tmp_path, capsys):
     assert run_main(["--setting", "sao", "--out", str(tmp_path / "o"), *bad]) == 2
     err = capsys.readouterr().err
@@ -185,20 +216,25 @@ sys.exit(D.prepare_math_main(sys.argv[1:]))
 
 def test_prepare_math_killed_between_files_leaves_the_old_set(tmp_path):
     from sao_repro.data import make_math_fixture, prepare_math_main
+
     make_math_fixture(tmp_path / "a", n_train=12, n_test=6)
     make_math_fixture(tmp_path / "b", n_train=18, n_test=12)
     out = tmp_path / "data"
     assert prepare_math_main(["--source", str(tmp_path / "a"), "--output", str(out)]) == 0
     old = snapshot(out)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_FILE, "--source", str(tmp_path / "b"), "--output", str(out)],
-                       env=env, capture_output=True)
+    r = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_FIRST_FILE, "--source", str(tmp_path / "b"), "--output", str(out)],
+        env=env,
+        capture_output=True,
+    )
     assert r.returncode == -signal.SIGKILL
     assert snapshot(out) == old  # the old set, whole
     assert prepare_math_main(["--source", str(tmp_path / "b"), "--output", str(out)]) == 0
     new = snapshot(out)
     manifest = json.loads(new["manifest.json"])
     import hashlib
+
     assert all(hashlib.sha256(new[s["file"]]).hexdigest() == s["sha256"] for s in manifest["splits"].values())
     assert manifest["source"] == str(tmp_path / "b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "data"]  # no staging folder left behind
@@ -206,6 +242,7 @@ def test_prepare_math_killed_between_files_leaves_the_old_set(tmp_path):
 
 def test_prepare_math_refuses_a_folder_with_other_files(tmp_path, capsys):
     from sao_repro.data import make_math_fixture, prepare_math_main
+
     make_math_fixture(tmp_path / "a")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "notes.txt").write_text("mine")
@@ -216,6 +253,7 @@ def test_prepare_math_refuses_a_folder_with_other_files(tmp_path, capsys):
 @pytest.mark.parametrize("content,words", [(b"", "empty file"), (b'\xff\xfe{"problem": "1"}\n', "not UTF-8")])
 def test_prepare_math_bad_source_names_the_file(content, words, tmp_path, capsys):
     from sao_repro.data import prepare_math_main
+
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.jsonl").write_bytes(content)
     assert prepare_math_main(["--source", str(tmp_path / "src"), "--output", str(tmp_path / "out")]) == 1
@@ -228,6 +266,7 @@ def test_prepare_math_bad_source_names_the_file(content, words, tmp_path, capsys
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
 def test_reward_timeouts_must_be_finite_and_positive(bad):
     from sao_repro import reward as R
+
     with pytest.raises(ValueError, match="timeout_s"):
         R.verify(r"$\boxed{1}$", "1", timeout_s=bad)
     with pytest.raises(ValueError, match="timeout_s"):
@@ -238,6 +277,7 @@ def test_reward_timeouts_must_be_finite_and_positive(bad):
 
 def test_one_worker_pool_refuses_a_nan_item_timeout_and_keeps_serving():
     from sao_repro.reward import RewardPool
+
     with RewardPool(backend="local", workers=1, timeout_s=10.0) as pool:
         with pytest.raises(ValueError, match="timeout_s"):
             pool.submit(r"$\boxed{1}$", "1", timeout_s=float("nan"))
@@ -247,6 +287,7 @@ def test_one_worker_pool_refuses_a_nan_item_timeout_and_keeps_serving():
 
 def test_verify_recreates_a_pool_broken_at_start_up_and_counts_it():
     from sao_repro import reward as R
+
     R.close_reward_pool()
     # spawned workers need about a second to start: with a 50 ms start-up limit each is killed before it is ready
     broken = R.RewardPool(backend="local", workers=1, timeout_s=5.0, start_method="spawn", startup_timeout_s=0.05)
@@ -255,6 +296,7 @@ def test_verify_recreates_a_pool_broken_at_start_up_and_counts_it():
         time.sleep(0.05)
     assert broken._impl._broken, "the pool did not break"
     from sao_repro.reward import pool as P  # the process-wide pool lives in sao_repro.reward.pool
+
     with P._DEFAULT_LOCK:
         P._DEFAULT.update(pool=broken, pid=os.getpid())
     before = R.verify_stats()["reward/pool_rebuilds"]
@@ -268,6 +310,7 @@ def test_verify_recreates_a_pool_broken_at_start_up_and_counts_it():
 
 def test_verify_raises_instead_of_scoring_when_no_pool_can_be_built(monkeypatch):
     from sao_repro import reward as R
+
     R.close_reward_pool()
     monkeypatch.setenv("SAO_REWARD_TIMEOUT_S", "nan")  # a bad config: no pool can be built
     with pytest.raises(ValueError, match="timeout_s"):
@@ -283,6 +326,7 @@ def _write_metrics(path: Path, steps, acc=0.5):
 def test_readers_skip_and_count_absurd_steps(tmp_path):
     from sao_repro import report as R
     from sao_repro.metrics import scan_runs
+
     d = tmp_path / "mini" / "sao" / "seed0"
     _write_metrics(d / "metrics.jsonl", [1, 2])
     with open(d / "metrics.jsonl", "a") as f:
@@ -295,6 +339,7 @@ def test_readers_skip_and_count_absurd_steps(tmp_path):
 
 def test_monitor_rereads_a_file_truncated_or_replaced_in_place(tmp_path):
     from sao_repro.metrics import RunStore
+
     m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
     _write_metrics(m, range(1, 41))
     store = RunStore(tmp_path, follow_symlinks=False)
@@ -314,6 +359,7 @@ def test_monitor_rereads_a_file_truncated_or_replaced_in_place(tmp_path):
 
 def test_monitor_holds_a_bounded_downsampled_history(tmp_path):
     from sao_repro.metrics import RunStore
+
     m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
     _write_metrics(m, range(1, 20_001))
     r = RunStore(tmp_path, max_steps=1000).refresh()["mini/sao/seed0"]
@@ -324,6 +370,7 @@ def test_monitor_holds_a_bounded_downsampled_history(tmp_path):
 def test_monitor_closes_idle_and_half_open_connections(tmp_path):
     import socket
     from sao_repro.monitor import serve_in_thread
+
     srv = serve_in_thread(tmp_path, port=0)
     srv.idle_timeout = 0.5
     try:
@@ -352,12 +399,24 @@ EVIL = "x` <img src=x onerror=alert(1)> `<script>alert(2)</script>"
 def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
     from html.parser import HTMLParser
     from sao_repro import report as R
+
     runs = tmp_path / "runs"
     for setting in ("sao", EVIL.replace("/", "_")):
         d = runs / "mini" / setting / f"seed0{EVIL.replace('/', '_')}"
         _write_metrics(d / "metrics.jsonl", range(1, 9))
-        (d / "config.json").write_text(json.dumps({"setting": setting, "seed": 0, "backend": "mini", "ops": EVIL,
-                                                   "difficulty": EVIL, "lag": EVIL, "traj_per_step": 16}))
+        (d / "config.json").write_text(
+            json.dumps(
+                {
+                    "setting": setting,
+                    "seed": 0,
+                    "backend": "mini",
+                    "ops": EVIL,
+                    "difficulty": EVIL,
+                    "lag": EVIL,
+                    "traj_per_step": 16,
+                }
+            )
+        )
     (runs / "mini" / "summary.md").write_text(f"`sao-repro compare --out {EVIL}`\n")
     out = tmp_path / f"report{EVIL.replace('/', '_')}"
     assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", "html", "--engine", "nbconvert"]) == 0
@@ -368,6 +427,7 @@ def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
 
         def handle_starttag(self, tag, attrs):
             self.found.append((tag, dict(attrs)))
+
     Tags().feed(page)
     handlers = [(t, k) for t, a in Tags.found for k in a if k.lower().startswith("on")]
     assert handlers == []  # no inline event handler made it into the page
@@ -384,9 +444,12 @@ def _bad_configs(tmp_path: Path) -> dict:
     base = (ROOT / "configs" / "phase2_hard_base.yaml").read_text()
     (tmp_path / "phase2_hard_base.yaml").write_text(base)
     head = "defaults:\n  - phase2_hard_base\n  - _self_\n"
-    chain = "".join(f"k{i}: \"" + ("${k%d}" % (i - 1) if i else "xxxxxxxx") * 2 + "\"\n" for i in range(40))
-    files = {"typo": head + "actr:\n  kl_ctl: 0.0\n", "chain": head + "sao:\n  setting: sao\n" + chain,
-             "type": head + "seed: not-a-number\n"}
+    chain = "".join(f'k{i}: "' + ("${k%d}" % (i - 1) if i else "xxxxxxxx") * 2 + '"\n' for i in range(40))
+    files = {
+        "typo": head + "actr:\n  kl_ctl: 0.0\n",
+        "chain": head + "sao:\n  setting: sao\n" + chain,
+        "type": head + "seed: not-a-number\n",
+    }
     for name, text in files.items():
         (tmp_path / f"{name}.yaml").write_text(text)
     return {k: str(tmp_path / f"{k}.yaml") for k in files}
@@ -394,6 +457,7 @@ def _bad_configs(tmp_path: Path) -> dict:
 
 def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
     from sao_repro.areal.launch import areal_config_main
+
     bad = _bad_configs(tmp_path)
     for name, words in (("typo", "did you mean actor"), ("chain", "would expand to more than"), ("type", "seed")):
         assert areal_config_main([bad[name], "--dotenv", str(tmp_path / "none.env")]) == 2, name
@@ -403,19 +467,23 @@ def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
 
 def test_launch_dry_run_reports_each_config_and_ends_with_a_summary(tmp_path, capsys):
     from sao_repro.areal.launch import launch_main
+
     bad = _bad_configs(tmp_path)
     good = str(ROOT / "configs" / "phase2_hard_sao.yaml")
-    rc = launch_main(["--dry-run", "--dotenv", str(tmp_path / "none.env"), bad["typo"], good, bad["chain"]],
-                     run=lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    rc = launch_main(
+        ["--dry-run", "--dotenv", str(tmp_path / "none.env"), bad["typo"], good, bad["chain"]],
+        run=lambda *a, **k: subprocess.CompletedProcess(a, 0),
+    )
     out, err = capsys.readouterr()
     assert rc == 2
-    summary = out[out.index("summary"):]
+    summary = out[out.index("summary") :]
     assert all(Path(f).name in summary for f in (bad["typo"], good, bad["chain"]))
     assert summary.count("error") == 2 and "dry-run" in summary
 
 
 def test_billion_laughs_sweep_file_is_refused_before_it_expands(tmp_path, capsys):
     from sao_repro.mini.sweep import sweep_main
+
     lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
     (tmp_path / "lol.yaml").write_text("\n".join(lines + ["name: lol", "settings: [sao]", "seeds: 1", "steps: 1"]))

@@ -2,6 +2,7 @@
 experiments/explore_run.ipynb pointed at a real testbed run, runs all its cells through the page and reads the
 rendered outputs; then a library notebook from nbs/ opens and renders. The server is stopped in every case.
 """
+
 import json
 import time
 from pathlib import Path
@@ -52,9 +53,11 @@ def _wait_kernel_connected(lab, timeout=180):
 def lab_env(tmp_path, monkeypatch):
     "JupyterLab's user folders in tmp_path: no autosave (the repository's notebooks stay as they are), every cell in the DOM."
     settings = tmp_path / "lab-settings"
-    for plugin, value in {"docmanager-extension/plugin": {"autosave": False},
-                          "notebook-extension/tracker": {"windowingMode": "none"},
-                          "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}.items():
+    for plugin, value in {
+        "docmanager-extension/plugin": {"autosave": False},
+        "notebook-extension/tracker": {"windowingMode": "none"},
+        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
         f = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
@@ -81,7 +84,9 @@ def test_lab_runs_explore_notebook_on_a_real_run(lab_env, tmp_path):
             page.goto(lab.url)
             page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
             _wait_kernel_connected(lab)
-            page.wait_for_function("() => /\\| Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')")
+            page.wait_for_function(
+                "() => /\\| Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')"
+            )
             page.click(".lm-MenuBar-itemLabel:text-is('Run')")
             page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
             page.wait_for_function(DONE_JS, timeout=300_000, polling=1000)
@@ -98,8 +103,11 @@ def test_lab_runs_explore_notebook_on_a_real_run(lab_env, tmp_path):
             nb = json.loads((ROOT / LIB_NB).read_text())
             title = "".join(nb["cells"][0]["source"]).splitlines()[0].lstrip("# ").strip()
             page.goto(f"{lab.base}/lab/tree/{LIB_NB}?token={lab.token}")
-            page.wait_for_function("(t) => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
-                                   ".jp-MarkdownOutput h1')].some(h => h.innerText.includes(t))", arg=title)
+            page.wait_for_function(
+                "(t) => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                ".jp-MarkdownOutput h1')].some(h => h.innerText.includes(t))",
+                arg=title,
+            )
             lib = page.evaluate(OUTPUTS_JS)
             n_code = sum(c["cell_type"] == "code" for c in nb["cells"])
             assert lib["cells"] == n_code and lib["tracebacks"] == []

@@ -1,5 +1,6 @@
 """Cluster launch glue: GPU preflight on recorded nvidia-smi outputs (Python and bash agree), the launch plan
 with a mocked runner, `areal-config` and `launch --dry-run` for every setting, the scripts."""
+
 import io
 import json
 import os
@@ -10,9 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from sao_repro.areal.launch import (GPU_QUERY, APPS_QUERY, classify_gpus, preflight_report, run_preflight, launch_plan,
-                              execute_plan, launch_main, areal_config_main, launch_setting, is_finished, SETTING_CONFIGS,
-                              CONFIG_ALIASES, RAY_PROBE, areal_cpu_requirements)
+from sao_repro.areal.launch import (
+    GPU_QUERY,
+    APPS_QUERY,
+    classify_gpus,
+    preflight_report,
+    run_preflight,
+    launch_plan,
+    execute_plan,
+    launch_main,
+    areal_config_main,
+    launch_setting,
+    is_finished,
+    SETTING_CONFIGS,
+    CONFIG_ALIASES,
+    RAY_PROBE,
+    areal_cpu_requirements,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMI_DATA = Path(__file__).resolve().parent / "data" / "nvidia_smi"
@@ -24,20 +39,27 @@ def fake_smi_dir(tmp_path, case):
     d = tmp_path / f"bin_{case}"
     d.mkdir()
     smi = d / "nvidia-smi"
-    smi.write_text("#!/usr/bin/env bash\n"
-                   "case \"$1\" in\n"
-                   f"  --query-gpu=*) cat '{SMI_DATA / case / 'gpus.csv'}' ;;\n"
-                   f"  --query-compute-apps=*) cat '{SMI_DATA / case / 'apps.csv'}' ;;\n"
-                   "  *) echo unexpected >&2; exit 9 ;;\n"
-                   "esac\n")
+    smi.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        f"  --query-gpu=*) cat '{SMI_DATA / case / 'gpus.csv'}' ;;\n"
+        f"  --query-compute-apps=*) cat '{SMI_DATA / case / 'apps.csv'}' ;;\n"
+        "  *) echo unexpected >&2; exit 9 ;;\n"
+        "esac\n"
+    )
     smi.chmod(0o755)
     return d
 
 
 def replay(case):
     "Fake runner for run_preflight: the preflight script itself, reading the recorded outputs of `case` instead of nvidia-smi."
+
     def run(cmd, **kw):
-        return subprocess.run([*cmd, "--gpus-csv", str(SMI_DATA / case / "gpus.csv"), "--apps-csv", str(SMI_DATA / case / "apps.csv")], **kw)
+        return subprocess.run(
+            [*cmd, "--gpus-csv", str(SMI_DATA / case / "gpus.csv"), "--apps-csv", str(SMI_DATA / case / "apps.csv")],
+            **kw,
+        )
+
     return run
 
 
@@ -69,8 +91,12 @@ def test_preflight_script_on_recorded_outputs_agrees(tmp_path, case, code):
 def test_preflight_threshold(tmp_path):
     d = fake_smi_dir(tmp_path, "ghost")
     env = {**os.environ, "PATH": f"{d}{os.pathsep}{os.environ['PATH']}"}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "preflight_gpus.sh"), "--threshold-mib", "70000"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "preflight_gpus.sh"), "--threshold-mib", "70000"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert run_preflight(threshold_mib=70000, run=replay("ghost"))[0] == 0
 
@@ -97,6 +123,7 @@ def test_classify_counts_pids_per_gpu():
 
 # ---------------------------------------------------------------- plan and runner
 
+
 class Recorder:
     def __init__(self, fail=None, ray_running=False, ray_root=None):
         self.fail, self.ray_running, self.calls, self.ray_root = fail, ray_running, [], ray_root
@@ -115,11 +142,15 @@ def test_plan_order_and_teardown_after_failure(tmp_path):
     plan = launch_plan("c.yaml", ["seed=2"], "ray", 8, 5.0, python="py")
     rec = Recorder(fail="sao_repro.areal.train", ray_root=tmp_path)
     stopped = []
-    rc, recs = execute_plan(plan, run=rec, out=io.StringIO(), ray_root=tmp_path, stop_ray=lambda s: stopped.append(s) or 3)
+    rc, recs = execute_plan(
+        plan, run=rec, out=io.StringIO(), ray_root=tmp_path, stop_ray=lambda s: stopped.append(s) or 3
+    )
     assert rc == 1
     names = [c[0:3] for c in rec.calls]
     assert stopped == ["session_2099-01-01_00-00-00_000001_1"]  # only the Ray session ray-up started
-    assert ["ray", "stop"] not in [c[:2] for c in rec.calls]  # never a bare `ray stop`: it ends every Ray on the machine
+    assert ["ray", "stop"] not in [
+        c[:2] for c in rec.calls
+    ]  # never a bare `ray stop`: it ends every Ray on the machine
     assert [r["status"] for r in recs] == ["ok", "ok", "ok", "failed", "ok", "ok"]
     assert names.index(["sao-repro", "reward-workers", "stop"]) > names.index(["py", "-m", "sao_repro.areal.train"])
 
@@ -134,7 +165,9 @@ def test_preflight_failure_stops_before_training():
 
 def test_existing_ray_cluster_is_reused_and_not_stopped():
     rec = Recorder(ray_running=True)
-    rc, recs = execute_plan(launch_plan("c.yaml", [], "local", python="py", preflight=False), run=rec, out=io.StringIO())
+    rc, recs = execute_plan(
+        launch_plan("c.yaml", [], "local", python="py", preflight=False), run=rec, out=io.StringIO()
+    )
     assert rc == 0
     assert ["ray", "start", "--head", "--disable-usage-stats"] not in rec.calls
     assert ["ray", "stop"] not in rec.calls
@@ -143,9 +176,11 @@ def test_existing_ray_cluster_is_reused_and_not_stopped():
 
 # ---------------------------------------------------------------- commands for every setting
 
+
 @pytest.mark.parametrize("setting", list(SETTING_CONFIGS))
 def test_areal_config_prints_resolved_yaml(setting, capsys):
     import yaml
+
     rc = areal_config_main([str(ROOT / "configs" / SETTING_CONFIGS[setting]), "seed=3", "--dotenv", "none"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -157,6 +192,7 @@ def test_areal_config_prints_resolved_yaml(setting, capsys):
 def test_areal_config_prints_the_paper_reading(capsys):
     "configs/phase2_hard_sao_paper.yaml resolves to setting sao with the paper-math band and frozen attention."
     import yaml
+
     rc = areal_config_main([str(ROOT / "configs" / "phase2_hard_sao_paper.yaml"), "seed=3", "--dotenv", "none"])
     d = yaml.safe_load(capsys.readouterr().out)
     assert rc == 0 and d["sao"]["setting"] == "sao" and d["trial_name"] == "sao_paper_s3"
@@ -197,8 +233,11 @@ def test_compare_runs_all_five_skips_finished_and_summarises(tmp_path, monkeypat
     rec, out = Recorder(), io.StringIO()
     configs = [str(ROOT / "configs" / SETTING_CONFIGS[s]) for s in SETTING_CONFIGS]
     summary = tmp_path / "summary.json"
-    rc = launch_main(["--skip-finished", "--no-preflight", "--summary-json", str(summary), "--dotenv", "none", *configs],
-                     run=rec, out=out)
+    rc = launch_main(
+        ["--skip-finished", "--no-preflight", "--summary-json", str(summary), "--dotenv", "none", *configs],
+        run=rec,
+        out=out,
+    )
     assert rc == 0
     trains = [c for c in rec.calls if "sao_repro.areal.train" in c]
     assert len(trains) == 4 and not any("phase2_hard_grpo.yaml" in c for t in trains for c in t)
@@ -211,6 +250,7 @@ def test_a_trainer_killed_without_a_word_is_recorded_as_a_crash(tmp_path, monkey
     "A trainer ended by SIGKILL (e.g. the kernel's OOM killer) writes no event: launch records it, the run is crashed."
     from sao_repro.metrics import run_flags
     from sao_repro.runlog import log_event, read_events
+
     for v in ("SAO_WS", "MODEL_ROOT", "REWARD_ROOT"):
         monkeypatch.setenv(v, str(tmp_path / v))
     d = tmp_path / "runs" / "areal" / "grpo" / "seed2"
@@ -245,12 +285,31 @@ def test_launch_setting_for_the_experiment_notebook(tmp_path):
 def test_scripts_dry_run_through_the_cli(tmp_path):
     "The shell wrappers reach `sao-repro launch` (or its python fallback) and a dry run runs nothing."
     env = {**os.environ, "PYTHON": sys.executable}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "launch_experiment.sh"), "configs/phase2_hard_grpo_dis_g1.yaml",
-                        "--dry-run", "--dotenv", "none"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "launch_experiment.sh"),
+            "configs/phase2_hard_grpo_dis_g1.yaml",
+            "--dry-run",
+            "--dotenv",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "DRY-RUN [4/6] train:" in r.stdout and "setting single_dis" in r.stdout
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "launch_phase2_hard_compare.sh"), "--dry-run", "--dotenv", "none",
-                        "seed=9"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "launch_phase2_hard_compare.sh"), "--dry-run", "--dotenv", "none", "seed=9"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("] train: ") == 5 and "summary" in r.stdout
     for setting in SETTING_CONFIGS:
@@ -265,24 +324,35 @@ def test_env_example_lists_the_variables():
 
 def test_bootstrap_check_only_changes_nothing(tmp_path):
     env = {**os.environ, "INSTALL": "0", "PYTHON": sys.executable, "BACKEND": "vllm"}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap_areal.sh")], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "bootstrap_areal.sh")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert "+ " not in r.stdout  # no pip command ran
     assert "areal" in r.stdout
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "bootstrap_areal.sh")], capture_output=True, text=True,
-                       env={**env, "BACKEND": "tensorrt"}, timeout=60)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "bootstrap_areal.sh")],
+        capture_output=True,
+        text=True,
+        env={**env, "BACKEND": "tensorrt"},
+        timeout=60,
+    )
     assert r.returncode == 2
 
 
 # ---------------------------------------------------------------- one preflight, one Ray probe, one place for pins
+
 
 def test_preflight_reads_the_scripts_report(tmp_path):
     "Python holds no preflight rules: it runs scripts/preflight_gpus.sh and parses the GPUs from its report."
     gpus = classify_gpus("0, GPU-a, 5, 81559\n1, GPU-b, 61234, 81559\n", "GPU-a, 7, 5\n", threshold_mib=1024)
     assert [(g.index, g.status, g.pids) for g in gpus] == [(0, "busy", [7]), (1, "ghost", [])]
     d = fake_smi_dir(tmp_path, "busy")
-    r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "preflight", "--nvidia-smi", str(d / "nvidia-smi")],
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "sao_repro.cli", "preflight", "--nvidia-smi", str(d / "nvidia-smi")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1 and "GPU 0 is busy" in r.stderr
     assert launch_plan("c.yaml", [], "local")[0].cmd[:2] == ["bash", "scripts/preflight_gpus.sh"]
 
@@ -293,10 +363,13 @@ def test_ray_probe_is_a_client_not_ray_status():
     def hang(cmd, **kw):
         seen.append((cmd, kw.get("timeout")))
         raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+
     from sao_repro.areal.launch import ray_running
+
     assert ray_running(run=hang, timeout_s=3) is False
     assert seen == [(RAY_PROBE, 3)] and "ray.init(address='auto'" in RAY_PROBE[-1]
     from sao_repro.areal.rehearsal import run as rehearsal_run
+
     assert rehearsal_run.ray_running is ray_running  # the rehearsal asks the same probe (ensure_ray)
 
 
@@ -304,10 +377,12 @@ def test_areal_pins_live_in_one_file():
     deps = areal_cpu_requirements()
     text = (ROOT / "scripts" / "install_dev.sh").read_text()
     assert "scripts/areal_cpu_requirements.txt" in text
-    assert [l for l in text.splitlines() if "==" in l and not l.lstrip().startswith("#")] == \
-        ['TORCH="${TORCH:-torch==2.13.0}"']  # no pin of AReaL's dependencies outside the file
+    assert [l for l in text.splitlines() if "==" in l and not l.lstrip().startswith("#")] == [
+        'TORCH="${TORCH:-torch==2.13.0}"'
+    ]  # no pin of AReaL's dependencies outside the file
     assert deps["areal"] == "areal==1.0.4 --no-deps" and deps["omegaconf"] == "omegaconf==2.4.0.dev2"
     from sao_repro.areal.rehearse import AREAL_CPU_DEPS
+
     assert AREAL_CPU_DEPS == deps
     pyproject = (ROOT / "pyproject.toml").read_text()
     for mod in ("areal", "hydra", "omegaconf"):  # the cluster extra pins the same versions
@@ -325,8 +400,10 @@ sys.exit(main(['areal-config', 'configs/phase2_hard_sao.yaml', '--dotenv', 'none
 """
 
 
-@pytest.mark.parametrize("blocked,install", [("areal", "pip install --no-deps areal==1.0.4"),
-                                             ("omegaconf", "pip install omegaconf==2.4.0.dev2")])
+@pytest.mark.parametrize(
+    "blocked,install",
+    [("areal", "pip install --no-deps areal==1.0.4"), ("omegaconf", "pip install omegaconf==2.4.0.dev2")],
+)
 def test_areal_config_without_areal_says_what_to_install(blocked, install):
     "AReaL (or a package it imports) missing: exit 2 with the pip requirement and the install script, no traceback."
     r = subprocess.run([sys.executable, "-c", BLOCK, blocked], capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -339,6 +416,7 @@ def test_areal_config_without_areal_says_what_to_install(blocked, install):
 def test_config_alias_loads_the_same_config(alias, target, capsys):
     "configs/phase2_hard_grpo_dis_g1.yaml (the reference's name) is configs/phase2_hard_single_dis.yaml."
     from sao_repro.areal.train import main as train_main
+
     outs = []
     for name in (alias, target):
         assert areal_config_main([str(ROOT / "configs" / name), "--dotenv", "none"]) == 0

@@ -4,6 +4,7 @@ package and catch what they are there to catch; the generated module map places 
 Layers, top first: L3 the `sao-repro` command <- L2 ops <- L1 backends and data <- L0 core. Imports inside functions
 count like module-level ones (grimp reads every import statement).
 """
+
 import json
 import os
 import shutil
@@ -96,9 +97,16 @@ def test_every_module_is_mapped_once_in_the_layer_of_its_top_level_name():
 
 def test_the_layout_page_shows_the_current_map():
     nb = json.loads((ROOT / "nbs" / "layout.ipynb").read_text())
-    shown = [o["data"]["text/markdown"] for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-             if "text/markdown" in o.get("data", {})]
+    shown = [
+        o["data"]["text/markdown"]
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+        if "text/markdown" in o.get("data", {})
+    ]
     assert shown, "nbs/layout.ipynb has no saved output: execute it (jupyter nbconvert --execute --inplace)"
     text = "".join(shown[0]) if isinstance(shown[0], list) else shown[0]
-    assert text == layout_markdown(ROOT), ("nbs/layout.ipynb is stale: run `cd nbs && jupyter nbconvert --to notebook "
-                                           "--execute --inplace layout.ipynb && nbdev-clean`")
+    assert text == layout_markdown(ROOT), (
+        "nbs/layout.ipynb is stale: run `cd nbs && jupyter nbconvert --to notebook "
+        "--execute --inplace layout.ipynb && nbdev-clean`"
+    )

@@ -1,4 +1,5 @@
 """sao_repro.metrics: metrics.jsonl and AReaL 1.0.4 log parsing (garbage included), flags, windows."""
+
 import json
 import math
 import os
@@ -12,8 +13,17 @@ import pytest
 import sao_repro.metrics as M
 import sao_repro.metrics.tail as tail
 from sao_repro.metrics.health import SAO_FLAGS
-from sao_repro.metrics import (COLUMNS, RunReader, collect_metrics, run_flags, scan_runs, smooth, summarize_runs,
-                               summarize_settings, window)
+from sao_repro.metrics import (
+    COLUMNS,
+    RunReader,
+    collect_metrics,
+    run_flags,
+    scan_runs,
+    smooth,
+    summarize_runs,
+    summarize_settings,
+    window,
+)
 
 AREAL_FIXTURE = Path(__file__).resolve().parent / "data" / "areal_1.0.4"
 
@@ -40,25 +50,27 @@ def flags_of(path, **kw):
 
 # ---------------------------------------------------------------- metrics.jsonl
 
+
 def test_jsonl_tidy_frame_and_garbage(tmp_path):
     d = run_dir(tmp_path, "grpo_dis", 3)
     (d / "metrics.jsonl").write_bytes(
         jl(step=1, acc=0.5, **{"reward/mean": 0.5, "dis/kept_frac": 0.9, "brand_new/key": 7})
-        + b"\n"                                   # blank line: ignored, not counted
-        + b"\x00\xff\xfe binary \x89PNG\n"        # binary junk
-        + b"{not json at all\n"                   # garbled
-        + b"[1, 2, 3]\n"                          # JSON, but not an object
-        + b'{"acc": 0.9}\n'                       # no step
+        + b"\n"  # blank line: ignored, not counted
+        + b"\x00\xff\xfe binary \x89PNG\n"  # binary junk
+        + b"{not json at all\n"  # garbled
+        + b"[1, 2, 3]\n"  # JSON, but not an object
+        + b'{"acc": 0.9}\n'  # no step
         + jl(step=2, correct=3, incorrect=1, note="text value", nested={"a": 1})
         + b'{"step": 3, "acc": NaN, "actor/loss": Infinity}\r\n'
-        + b'{"step": 4, "acc": 0.7')              # truncated last line (writer died mid-line)
+        + b'{"step": 4, "acc": 0.7'
+    )  # truncated last line (writer died mid-line)
     df = collect_metrics(tmp_path)
     assert list(df.columns) == COLUMNS
     assert set(df.run) == {"mini/grpo_dis/seed3"} and set(df.setting) == {"grpo_dis"} and set(df.seed) == {3}
     acc = df[df.metric == "acc"].set_index("step").value
     assert acc[1] == 0.5 and acc[2] == 0.75 and math.isnan(acc[3])
     assert 4 not in acc.index
-    assert df[(df.metric == "brand_new/key")].value.tolist() == [7.0]       # unknown keys are kept
+    assert df[(df.metric == "brand_new/key")].value.tolist() == [7.0]  # unknown keys are kept
     assert df[(df.metric == "nested/a")].value.tolist() == [1.0]
     assert df[df.metric == "dis/masked_frac"].value.round(6).tolist() == [0.1]
     skipped = df.attrs["skipped"]["mini/grpo_dis/seed3"]
@@ -92,14 +104,16 @@ def test_streams_in_chunks_without_loading_the_file(tmp_path, monkeypatch):
     d = run_dir(tmp_path)
     lines = b"".join(jl(step=i, acc=i / 1000, **{"reward/mean": 0.5}) for i in range(3000))
     (d / "metrics.jsonl").write_bytes(lines)
-    monkeypatch.setattr(tail, "CHUNK", 97)   # lines straddle every chunk boundary
+    monkeypatch.setattr(tail, "CHUNK", 97)  # lines straddle every chunk boundary
     real_read_bytes, real_read_text = Path.read_bytes, Path.read_text
 
     def guard(fn):
         def wrapped(self, *a, **k):
             assert self.name != "metrics.jsonl", "metrics.jsonl must be streamed, not read whole"
             return fn(self, *a, **k)
+
         return wrapped
+
     monkeypatch.setattr(Path, "read_bytes", guard(real_read_bytes))
     monkeypatch.setattr(Path, "read_text", guard(real_read_text))
     df = collect_metrics(tmp_path)
@@ -114,12 +128,12 @@ def test_incremental_reads_only_what_was_appended(tmp_path):
     p.write_bytes(jl(step=1, acc=0.1) + b'{"step": 2, "ac')
     r = RunReader(d, "r")
     assert r.update() is True and sorted(r.steps) == [1]
-    assert r.skipped["truncated"] == 0                    # pending, not garbage: the writer is mid-line
+    assert r.skipped["truncated"] == 0  # pending, not garbage: the writer is mid-line
     with open(p, "ab") as f:
         f.write(b'c": 0.2}\n')
     assert r.update() is True and r.steps[2]["acc"] == 0.2
     assert r.update() is False
-    p.write_bytes(jl(step=1, acc=0.9))                    # file replaced by a shorter one: start over
+    p.write_bytes(jl(step=1, acc=0.9))  # file replaced by a shorter one: start over
     r.update()
     assert r.steps[1]["acc"] == 0.9
 
@@ -133,10 +147,11 @@ def test_identity_from_config_then_path(tmp_path):
     assert set(df.setting) == {"single_dis"} and set(df.seed) == {9}
     (d / "config.json").write_text("{garbage")
     assert set(collect_metrics(d).setting) == {"running_mean"}
-    assert set(collect_metrics(d).run) == {"mini/running_mean/seed4"}   # the run folder itself
+    assert set(collect_metrics(d).run) == {"mini/running_mean/seed4"}  # the run folder itself
 
 
 # ---------------------------------------------------------------- AReaL logs
+
 
 def test_areal_fixture_made_by_areal_code(tmp_path):
     """tests/data/areal_1.0.4 was written by AReaL 1.0.4's own logging + tabulate_stats (make_fixture.py)."""
@@ -154,7 +169,7 @@ def test_areal_fixture_made_by_areal_code(tmp_path):
     assert w["rollout/resp_len"].tolist() == pytest.approx([200, 201, 202])
     assert w["actor/grad_norm"].tolist() == pytest.approx([0.5, 1.5, 2.5])
     assert math.isnan(w.loc[3, "actor/loss"])
-    assert w.loc[1, "areal/timeperf/train_step"] == 12.5          # raw keys are kept under areal/
+    assert w.loc[1, "areal/timeperf/train_step"] == 12.5  # raw keys are kept under areal/
     info = df.attrs["runs"][0]
     assert info["flags"]["finished"] and info["flags"]["nan"] and not info["flags"]["crashed"]
     assert info["skipped"] == {"too_long": 0}
@@ -187,32 +202,52 @@ def areal_table(rows):
 
 def areal_step(n, total, stats, t="16:00:00"):
     head = f"\x1b[92m(AReaL) 20261129-{t}.000 StatsLogger INFO: "
-    return (f"{head}Epoch 1/1 Step {n}/{total} Train step {n}/{total} done.\x1b[0m\n"
-            f"{head}Stats (1/1):\x1b[0m\n{head}\n" + areal_table(stats) + "\x1b[0m\n")
+    return (
+        f"{head}Epoch 1/1 Step {n}/{total} Train step {n}/{total} done.\x1b[0m\n"
+        f"{head}Stats (1/1):\x1b[0m\n{head}\n" + areal_table(stats) + "\x1b[0m\n"
+    )
 
 
 def test_areal_crafted_garbage(tmp_path):
     d = tmp_path / "trial"
     d.mkdir()
-    text = (areal_table([("ppo_actor/correct_n_seqs", "1.0000e+00")]) + "\n"          # a table before any step: 1
-            + areal_step(1, 10, [("ppo_actor/correct_n_seqs", "4.8000e+01"), ("ppo_actor/incorrect_n_seqs", "1.6000e+01"),
-                                 ("sao/some_new_stat", "3.0000e+00"), ("ppo_actor/update/dis/kept_frac/avg", "9.0000e-01"),
-                                 ("ppo_actor/update/rs_filtered_fraction", "5.0000e-01"), ("bad/value", "abc")])
-            + "<BIN> noise from a worker <BIN>\n"
-            + areal_step(2, 10, [("ppo_actor/correct_n_seqs", "3.2000e+01"), ("ppo_actor/incorrect_n_seqs", "3.2000e+01")],
-                         t="16:00:30")
-            + areal_step(3, 10, [("ppo_actor/correct_n_seqs", "1.6000e+01"), ("ppo_actor/incorrect_n_seqs", "4.8000e+01")])
-            .rsplit("\n", 2)[0] + "\n│ ppo_actor/task_reward/avg  │ 2.5")         # cut mid-table, mid-row
+    text = (
+        areal_table([("ppo_actor/correct_n_seqs", "1.0000e+00")])
+        + "\n"  # a table before any step: 1
+        + areal_step(
+            1,
+            10,
+            [
+                ("ppo_actor/correct_n_seqs", "4.8000e+01"),
+                ("ppo_actor/incorrect_n_seqs", "1.6000e+01"),
+                ("sao/some_new_stat", "3.0000e+00"),
+                ("ppo_actor/update/dis/kept_frac/avg", "9.0000e-01"),
+                ("ppo_actor/update/rs_filtered_fraction", "5.0000e-01"),
+                ("bad/value", "abc"),
+            ],
+        )
+        + "<BIN> noise from a worker <BIN>\n"
+        + areal_step(
+            2,
+            10,
+            [("ppo_actor/correct_n_seqs", "3.2000e+01"), ("ppo_actor/incorrect_n_seqs", "3.2000e+01")],
+            t="16:00:30",
+        )
+        + areal_step(
+            3, 10, [("ppo_actor/correct_n_seqs", "1.6000e+01"), ("ppo_actor/incorrect_n_seqs", "4.8000e+01")]
+        ).rsplit("\n", 2)[0]
+        + "\n│ ppo_actor/task_reward/avg  │ 2.5"
+    )  # cut mid-table, mid-row
     (d / "main.log").write_bytes(text.encode().replace(b"<BIN>", b"\x00\xff\xfe\x89"))
     df = collect_metrics(d)
     w = df.pivot_table(index="step", columns="metric", values="value")
     assert w["acc"].tolist() == pytest.approx([0.75, 0.5, 0.25])
-    assert w.loc[1, "dis/kept_frac"] == pytest.approx(0.9)           # the SAO subclass's own stat wins
+    assert w.loc[1, "dis/kept_frac"] == pytest.approx(0.9)  # the SAO subclass's own stat wins
     assert w.loc[1, "areal/sao/some_new_stat"] == 3.0
     assert w.loc[2, "perf/step_s"] == pytest.approx(30.0)
     sk = df.attrs["skipped"]["trial"]
     assert sk["bad_value"] == 1 and sk["bad_row"] == 1 and sk["truncated"] == 1 and "no_step" not in sk
-    assert "ppo_actor/task_reward/avg" not in " ".join(df.metric)       # half-written row never used
+    assert "ppo_actor/task_reward/avg" not in " ".join(df.metric)  # half-written row never used
     info = df.attrs["runs"][0]
     assert info["last_step"] == 3 and not info["flags"]["finished"]
 
@@ -221,9 +256,14 @@ def test_areal_log_with_another_name_and_no_step_lines(tmp_path):
     d = tmp_path / "logs" / "grpo_dis-seed2"
     d.mkdir(parents=True)
     head = "(AReaL) 20261129-16:00:00.000 StatsLogger INFO: "
-    tables = "".join(f"{head}Stats (1/1):\n{head}\n" + areal_table([("ppo_actor/correct_n_seqs", f"{c}.0000e+00"),
-                                                                    ("ppo_actor/incorrect_n_seqs", f"{8 - c}.0000e+00")]) + "\n"
-                     for c in (2, 4, 6))
+    tables = "".join(
+        f"{head}Stats (1/1):\n{head}\n"
+        + areal_table(
+            [("ppo_actor/correct_n_seqs", f"{c}.0000e+00"), ("ppo_actor/incorrect_n_seqs", f"{8 - c}.0000e+00")]
+        )
+        + "\n"
+        for c in (2, 4, 6)
+    )
     (d / "trainer.out").write_text("launching...\n" + tables)
     (tmp_path / "logs" / "README.txt").write_text("not a run\n")
     df = collect_metrics(tmp_path / "logs")
@@ -234,12 +274,15 @@ def test_areal_log_with_another_name_and_no_step_lines(tmp_path):
 def test_areal_finished_by_step_count(tmp_path):
     d = tmp_path / "t"
     d.mkdir()
-    (d / "main.log").write_text(areal_step(1, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")])
-                                + areal_step(2, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")]))
+    (d / "main.log").write_text(
+        areal_step(1, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")])
+        + areal_step(2, 2, [("ppo_actor/correct_n_seqs", "1.0000e+00")])
+    )
     assert flags_of(d)["t"]["finished"]
 
 
 # ---------------------------------------------------------------- health flags
+
 
 def healthy(root, setting="sao", n=5):
     d = run_dir(root, setting)
@@ -252,7 +295,13 @@ def test_healthy_run_has_no_flags(tmp_path):
     healthy(tmp_path)
     f = flags_of(tmp_path)["mini/sao/seed0"]
     assert {k: v for k, v in f.items() if k != "reward_timeout_rate"} == {
-        "oom": False, "nan": False, "stalled": False, "finished": False, "crashed": False, **dict.fromkeys(SAO_FLAGS, False)}
+        "oom": False,
+        "nan": False,
+        "stalled": False,
+        "finished": False,
+        "crashed": False,
+        **dict.fromkeys(SAO_FLAGS, False),
+    }
     assert f["reward_timeout_rate"] is None
 
 
@@ -266,11 +315,17 @@ OOM_WORDS = [
 ]
 
 
-@pytest.mark.parametrize("details", [
-    {"type": "OutOfMemoryError", "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"},
-    {"type": "MemoryError", "error": "MemoryError: ", "step": 4},
-    {"type": "OutOfMemoryError", "error": "OutOfMemoryError: Task was killed due to the node running low on memory."},
-])
+@pytest.mark.parametrize(
+    "details",
+    [
+        {"type": "OutOfMemoryError", "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"},
+        {"type": "MemoryError", "error": "MemoryError: ", "step": 4},
+        {
+            "type": "OutOfMemoryError",
+            "error": "OutOfMemoryError: Task was killed due to the node running low on memory.",
+        },
+    ],
+)
 def test_oom_flag_from_the_oom_event(tmp_path, details):
     d = healthy(tmp_path)
     with open(d / "events.log", "a") as f:
@@ -279,12 +334,15 @@ def test_oom_flag_from_the_oom_event(tmp_path, details):
     assert f["oom"] and f["crashed"] and not f["nan"]
 
 
-@pytest.mark.parametrize("error", [  # run folders written before the oom event: the exception's class, not its words
-    "OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",  # the AReaL backend: repr(e)
-    "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",  # the testbed: Type: message
-    "MemoryError()",
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: 8 bytes",
-])
+@pytest.mark.parametrize(
+    "error",
+    [  # run folders written before the oom event: the exception's class, not its words
+        "OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",  # the AReaL backend: repr(e)
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",  # the testbed: Type: message
+        "MemoryError()",
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: 8 bytes",
+    ],
+)
 def test_oom_flag_from_an_old_error_event(tmp_path, error):
     d = healthy(tmp_path)
     with open(d / "events.log", "a") as f:
@@ -316,7 +374,7 @@ def test_nan_flag_from_metrics_and_events_not_words(tmp_path):
     c = healthy(tmp_path, "grpo_dis")
     (c / "train.log").write_text("step 3\nWARNING: NaN detected in advantages, skipping batch\nstep 4\n")  # words only
     d = healthy(tmp_path, "single_dis")
-    with open(d / "metrics.jsonl", "ab") as f:               # NaN in a metric that may be NaN: not a flag
+    with open(d / "metrics.jsonl", "ab") as f:  # NaN in a metric that may be NaN: not a flag
         f.write(b'{"step": 9, "critic/explained_var": NaN, "eval/acc": NaN}\n')
     f = flags_of(tmp_path)
     assert f["mini/sao/seed0"]["nan"] and f["mini/grpo/seed0"]["nan"]
@@ -348,7 +406,7 @@ def test_a_traceback_in_a_log_is_no_crash(tmp_path):
 
 def test_null_is_a_nan_value(tmp_path):
     d = healthy(tmp_path)
-    with open(d / "metrics.jsonl", "ab") as f:   # the testbed writes non-finite numbers as null
+    with open(d / "metrics.jsonl", "ab") as f:  # the testbed writes non-finite numbers as null
         f.write(b'{"step": 9, "actor/loss": null, "critic/explained_var": null}\n')
     df = collect_metrics(tmp_path)
     assert df[(df.step == 9)].value.isna().all() and len(df[df.step == 9]) == 2
@@ -359,7 +417,7 @@ def test_crashed_by_error_event_unless_finished(tmp_path):
     d = healthy(tmp_path)
     events(d, "error")
     assert flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
-    events(d, "resume", "checkpoint")                           # resumed after the error
+    events(d, "resume", "checkpoint")  # resumed after the error
     assert not flags_of(tmp_path)["mini/sao/seed0"]["crashed"]
     events(d, "finish")
     assert flags_of(tmp_path)["mini/sao/seed0"]["finished"]
@@ -376,13 +434,21 @@ def test_words_in_samples_prompts_and_logs_set_no_failure_flag(tmp_path):
     with open(d / "events.log", "a") as f:  # events that carry the words in their details
         f.write(f"2026-11-29T16:01:00\tcheckpoint\t{json.dumps({'path': 'x', 'note': WORDS})}\n")
         f.write(f"2026-11-29T16:01:01\tsample\t{json.dumps({'prompt': WORDS, 'completion': WORDS})}\n")
-    tb = "\n".join(["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of memory",
-                    "RuntimeError: loss is nan", "Killed"])
+    tb = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3',
+            "torch.OutOfMemoryError: CUDA out of memory",
+            "RuntimeError: loss is nan",
+            "Killed",
+        ]
+    )
     (d / "samples.txt").write_text(f"prompt: {WORDS}\ncompletion: NaN NaN nan inf detected\n")
     (d / "stdout.log").write_text(f"step 5 sample: {WORDS}\n{tb}\n")
     (d / "main.log").write_text(  # AReaL's own logger printing a sample: an ERROR-level line is still words
         f"(AReaL) 20261129-16:00:00.000 RLVRWorkflow ERROR: {WORDS}\n(AReaL) 20261129-16:00:01.000 RLVRWorkflow INFO: "
-        "sample says Training completes!\n" + tb + "\n")
+        "sample says Training completes!\n" + tb + "\n"
+    )
     info = scan_runs(tmp_path)[0]
     assert not any(info["flags"][k] for k in ("oom", "nan", "crashed", "finished")), info["flags"]
     assert info["messages"] == []
@@ -400,8 +466,10 @@ def test_an_error_event_names_oom_by_class_not_by_message(tmp_path):
 def test_infinite_critic_grad_norm_is_over_the_clip(tmp_path, bad):
     "An inf (or NaN, or null as the testbed writes them) critic grad norm counts as over the clip: critic_starved."
     d = run_dir(tmp_path, "sao")
-    rows = [f'{{"step": {s}, "acc": 0.5, "critic/grad_clip": 1.0, "critic/grad_norm": {bad if s >= 10 else 0.5}}}\n'
-            for s in range(1, 16)]
+    rows = [
+        f'{{"step": {s}, "acc": 0.5, "critic/grad_clip": 1.0, "critic/grad_norm": {bad if s >= 10 else 0.5}}}\n'
+        for s in range(1, 16)
+    ]
     (d / "metrics.jsonl").write_text("".join(rows))
     info = scan_runs(tmp_path)[0]
     assert info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 12
@@ -412,23 +480,27 @@ def test_infinite_critic_grad_norm_is_over_the_clip(tmp_path, bad):
 def test_reward_timeout_rate(tmp_path):
     d = tmp_path / "areal_run"
     d.mkdir()
-    (d / "main.log").write_text(areal_step(1, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"),
-                                                  ("ppo_actor/incorrect_n_seqs", "3.4000e+01")]) +
-                                areal_step(2, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"),
-                                                  ("ppo_actor/incorrect_n_seqs", "3.4000e+01")]))
+    (d / "main.log").write_text(
+        areal_step(1, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"), ("ppo_actor/incorrect_n_seqs", "3.4000e+01")])
+        + areal_step(2, 9, [("ppo_actor/correct_n_seqs", "3.0000e+01"), ("ppo_actor/incorrect_n_seqs", "3.4000e+01")])
+    )
     (d / "merged.log").write_text(
         "[rollout] (AReaL) 20261129-16:00:00.000 RewardAPI WARNING: Computing reward timeout after 15s (attempt 1/3). Retrying...\n"
         "[rollout] (AReaL) 20261129-16:00:01.000 RewardAPI WARNING: Computing reward timeout after 15s (attempt 3/3). Returning 0.\n"
-        "[rollout] (AReaL) 20261129-16:00:02.000 MathVerify WARNING: Timeout (5.0s) in MathVerifyWorker.verify for response='x'\n")
+        "[rollout] (AReaL) 20261129-16:00:02.000 MathVerify WARNING: Timeout (5.0s) in MathVerifyWorker.verify for response='x'\n"
+    )
     info = scan_runs(d)[0]
     assert info["reward_timeouts"] == 2
     assert info["flags"]["reward_timeout_rate"] == pytest.approx(2 / 128)
     t = run_dir(tmp_path / "tb")
-    (t / "metrics.jsonl").write_bytes(jl(step=1, **{"reward/timeout_frac": 0.1}) + jl(step=2, **{"reward/timeout_frac": 0.3}))
+    (t / "metrics.jsonl").write_bytes(
+        jl(step=1, **{"reward/timeout_frac": 0.1}) + jl(step=2, **{"reward/timeout_frac": 0.3})
+    )
     assert scan_runs(tmp_path / "tb")[0]["flags"]["reward_timeout_rate"] == pytest.approx(0.2)
-    c = run_dir(tmp_path / "pool")                   # the reward pools' cumulative counters
-    (c / "metrics.jsonl").write_bytes(b"".join(jl(step=i, **{"reward/timeouts": i, "reward/done": 64 * i, "acc": 0.5})
-                                               for i in range(1, 5)))
+    c = run_dir(tmp_path / "pool")  # the reward pools' cumulative counters
+    (c / "metrics.jsonl").write_bytes(
+        b"".join(jl(step=i, **{"reward/timeouts": i, "reward/done": 64 * i, "acc": 0.5}) for i in range(1, 5))
+    )
     assert scan_runs(tmp_path / "pool")[0]["flags"]["reward_timeout_rate"] == pytest.approx(4 / 256)
 
 
@@ -439,6 +511,7 @@ def test_run_flags_single_folder(tmp_path):
 
 
 # ---------------------------------------------------------------- windows and summaries
+
 
 def study(root):
     for setting, seeds in (("sao", (0, 1)), ("grpo", (0,))):
@@ -465,11 +538,12 @@ def test_summaries_for_the_report(tmp_path):
 
 
 def test_smoothing(tmp_path):
-    df = pd.DataFrame({"run": "r", "setting": "sao", "seed": 0, "step": [3, 1, 2, 4], "metric": "acc",
-                       "value": [1.0, 0.0, 0.0, 1.0]})
+    df = pd.DataFrame(
+        {"run": "r", "setting": "sao", "seed": 0, "step": [3, 1, 2, 4], "metric": "acc", "value": [1.0, 0.0, 0.0, 1.0]}
+    )
     r = smooth(df, window=2)
     assert r.step.tolist() == [1, 2, 3, 4] and r.value.tolist() == [0.0, 0.0, 0.5, 1.0]
-    e = smooth(df, window=3, method="ema")                   # alpha = 2 / (3 + 1) = 0.5, adjusted weights
+    e = smooth(df, window=3, method="ema")  # alpha = 2 / (3 + 1) = 0.5, adjusted weights
     assert e.value.iloc[0] == 0.0 and 0.5 < e.value.iloc[2] < 1.0
     with pytest.raises(ValueError, match="rolling"):
         smooth(df, method="median")
@@ -477,9 +551,11 @@ def test_smoothing(tmp_path):
 
 # ---------------------------------------------------------------- setting names, layering
 
+
 def test_setting_names_in_paths_come_from_the_registry(tmp_path):
     "A setting registered after import is read from a run's path; no hard-coded list of names remains."
     from sao_repro.settings import SETTINGS, Setting, register_setting
+
     assert not hasattr(M, "KNOWN_SETTINGS")
     d = run_dir(tmp_path, setting="sao_k4", seed=3)
     (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.5))
@@ -495,48 +571,84 @@ def test_setting_names_in_paths_come_from_the_registry(tmp_path):
 def test_backends_do_not_import_the_metrics_reader():
     "The trainers write metrics.jsonl through sao_repro.runlog; nothing in a backend imports the readers above it."
     import ast
+
     pkg = Path(M.__file__).resolve().parents[1]  # sao_repro/
-    backends = [f"mini/{m}" for m in ("task", "model", "rollout", "train")] + \
-               [f"areal/{m}" for m in ("config", "algo", "trainer", "engine", "train", "cpu_server")]
+    backends = [f"mini/{m}" for m in ("task", "model", "rollout", "train")] + [
+        f"areal/{m}" for m in ("config", "algo", "trainer", "engine", "train", "cpu_server")
+    ]
     for f in [pkg / f"{m}.py" for m in backends + ["runlog"]]:
         for node in ast.walk(ast.parse(f.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for n in names:
                 assert not n.split(".")[-1].startswith(("metrics", "monitor", "report")), f"{f.name} imports {n}"
     trainer = ast.parse((pkg / "areal" / "trainer.py").read_text())
-    assert any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("runlog") and
-               "areal_to_metrics" in [a.name for a in n.names] for n in ast.walk(trainer))
+    assert any(
+        isinstance(n, ast.ImportFrom)
+        and (n.module or "").endswith("runlog")
+        and "areal_to_metrics" in [a.name for a in n.names]
+        for n in ast.walk(trainer)
+    )
 
 
 # ---------------------------------------------------------------- SAO health flags, read from a run folder
 
+
 def sao_log(root, n=30, **per_step):
     d = run_dir(root, "sao")
-    rows = [{"step": s, "acc": 0.5, **{k: (f(s) if callable(f) else f) for k, f in per_step.items()}} for s in range(1, n + 1)]
+    rows = [
+        {"step": s, "acc": 0.5, **{k: (f(s) if callable(f) else f) for k, f in per_step.items()}}
+        for s in range(1, n + 1)
+    ]
     (d / "metrics.jsonl").write_bytes(b"".join(jl(**r) for r in rows))
     return d
 
 
 def test_starved_critic_log_sets_the_flag_and_its_step(tmp_path):
-    sao_log(tmp_path, **{"critic/grad_norm": lambda s: 40.0 if s >= 10 else 0.5, "critic/grad_clip": 1.0,
-                         "critic/explained_var": 0.4})
+    sao_log(
+        tmp_path,
+        **{
+            "critic/grad_norm": lambda s: 40.0 if s >= 10 else 0.5,
+            "critic/grad_clip": 1.0,
+            "critic/explained_var": 0.4,
+        },
+    )
     info = scan_runs(tmp_path)[0]
     assert info["flags"]["critic_starved"] and info["flag_steps"]["critic_starved"] == 12
     assert not any(info["flags"][f] for f in SAO_FLAGS if f != "critic_starved")
 
 
 def test_healthy_critic_log_sets_no_sao_flag(tmp_path):
-    sao_log(tmp_path, n=80, **{"critic/grad_norm": lambda s: 5.0 if s % 2 else 0.5, "critic/grad_clip": 1.0,
-                               "critic/explained_var": lambda s: min(0.45, -0.4 + 0.05 * s), "critic/returns_std": 0.3,
-                               "adv/max": 0.8, "dis/kept_frac": 0.95})
+    sao_log(
+        tmp_path,
+        n=80,
+        **{
+            "critic/grad_norm": lambda s: 5.0 if s % 2 else 0.5,
+            "critic/grad_clip": 1.0,
+            "critic/explained_var": lambda s: min(0.45, -0.4 + 0.05 * s),
+            "critic/returns_std": 0.3,
+            "adv/max": 0.8,
+            "dis/kept_frac": 0.95,
+        },
+    )
     info = scan_runs(tmp_path)[0]
     assert not any(info["flags"][f] for f in SAO_FLAGS) and set(info["flag_steps"].values()) == {None}
 
 
 def test_degenerate_step_is_marked_not_a_huge_negative(tmp_path):
-    sao_log(tmp_path, n=4, **{"critic/returns_std": lambda s: 0.0 if s == 2 else 0.5,
-                              "critic/explained_var": lambda s: -3e7 if s == 2 else 0.3})
+    sao_log(
+        tmp_path,
+        n=4,
+        **{
+            "critic/returns_std": lambda s: 0.0 if s == 2 else 0.5,
+            "critic/explained_var": lambda s: -3e7 if s == 2 else 0.3,
+        },
+    )
     df = collect_metrics(tmp_path)
     ev = df[df.metric == "critic/explained_var"].set_index("step").value
     assert math.isnan(ev[2]) and ev[1] == 0.3
@@ -574,10 +686,14 @@ def test_names_not_utf8_at_any_depth_are_skipped_and_named(tmp_path):
 
 def test_a_number_no_float_holds_skips_its_line_like_a_torn_one(tmp_path):
     d = run_dir(tmp_path, "grpo", 0)
-    (d / "metrics.jsonl").write_bytes(jl(step=1, acc=0.5) + b'{"step": 2, "acc": %s}\n' % BIG.encode()
-                                      + b'{"step": %s, "acc": 0.1}\n' % BIG.encode()
-                                      + b'{"step": 3, "acc": 0.7, "nested": {"x": -%s}}\n' % BIG.encode()
-                                      + jl(step=4, acc=0.8) + b'{"step": 5, "acc": %s' % BIG.encode())
+    (d / "metrics.jsonl").write_bytes(
+        jl(step=1, acc=0.5)
+        + b'{"step": 2, "acc": %s}\n' % BIG.encode()
+        + b'{"step": %s, "acc": 0.1}\n' % BIG.encode()
+        + b'{"step": 3, "acc": 0.7, "nested": {"x": -%s}}\n' % BIG.encode()
+        + jl(step=4, acc=0.8)
+        + b'{"step": 5, "acc": %s' % BIG.encode()
+    )
     df = collect_metrics(tmp_path)
     assert df[df.metric == "acc"].set_index("step").value.to_dict() == {1: 0.5, 4: 0.8}  # the lines after are read
     assert df.attrs["skipped"]["mini/grpo/seed0"] == {"garbled": 3, "truncated": 1, "too_long": 0}

@@ -1,4 +1,5 @@
 """CPU testbed (sao_repro.mini): task, smoke runs of every setting, exact resume, NaN stop, papermill, CLI errors."""
+
 import json
 import math
 from pathlib import Path
@@ -15,9 +16,21 @@ from sao_repro.runlog import read_events
 from sao_repro.mini.cli import compare_main, make_config, run_main, run_setting
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
-CONTRACT_KEYS = ["step", "acc", "reward/mean", "dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac",
-                 "adv/mean", "adv/std", "actor/loss", "actor/grad_norm", "rollout/policy_lag", "rollout/resp_len",
-                 "perf/step_s"]
+CONTRACT_KEYS = [
+    "step",
+    "acc",
+    "reward/mean",
+    "dis/kept_frac",
+    "dis/masked_below_frac",
+    "dis/masked_above_frac",
+    "adv/mean",
+    "adv/std",
+    "actor/loss",
+    "actor/grad_norm",
+    "rollout/policy_lag",
+    "rollout/resp_len",
+    "perf/step_s",
+]
 
 
 # ---------------------------------------------------------------- task
@@ -66,22 +79,35 @@ def test_smoke_run_every_setting(setting, tmp_path):
 
 def _start_weights(cfg):
     from sao_repro.mini.model import cache_root, start_key, warm_start
+
     warm_start(cfg.task(), cfg.model(), cfg.pretrain(), log=None)
     return cache_root() / "mini" / start_key(cfg.task(), cfg.model(), cfg.pretrain()) / "start.pt"
 
 
-@pytest.mark.parametrize("setting, kw", [("grpo_dis", {}), ("grpo_dis", {"minibatches": 2}), ("grpo", {}),
-                                         ("single_dis", {"dis_form": "decoupled"}), ("sao", {"critic_warmup": 1})])
+@pytest.mark.parametrize(
+    "setting, kw",
+    [
+        ("grpo_dis", {}),
+        ("grpo_dis", {"minibatches": 2}),
+        ("grpo", {}),
+        ("single_dis", {"dis_form": "decoupled"}),
+        ("sao", {"critic_warmup": 1}),
+    ],
+)
 def test_dis_metrics_measured_once_per_step(setting, kw, tmp_path, monkeypatch):
     "One `dis_metrics` call per step: the policy loss's own (one step on the whole batch), else the trainer's."
     import sao_repro.loss as L
     import sao_repro.mini.train as MT
+
     calls = []
+
     def counted(fn):
         def call(*a, **k):
             calls.append(tuple(a[2].shape))
             return fn(*a, **k)
+
         return call
+
     monkeypatch.setattr(L, "dis_metrics", counted(L.dis_metrics))
     monkeypatch.setattr(MT, "dis_metrics", counted(MT.dis_metrics))
     tr = MT.MiniTrainer(smoke_cfg(setting, tmp_path, **kw), log=None)
@@ -89,8 +115,9 @@ def test_dis_metrics_measured_once_per_step(setting, kw, tmp_path, monkeypatch):
         calls.clear()
         m = tr.train_step()
         assert len(calls) == 1 and calls[0][0] == 16, (step, calls)  # once, on the whole batch of 16 rows
-        assert m["dis/kept_frac"] + m["dis/masked_below_frac"] + m["dis/masked_above_frac"] + \
-            m["dis/nonfinite_frac"] == pytest.approx(1.0)
+        assert m["dis/kept_frac"] + m["dis/masked_below_frac"] + m["dis/masked_above_frac"] + m[
+            "dis/nonfinite_frac"
+        ] == pytest.approx(1.0)
 
 
 def test_equal_trajectories_per_step(tmp_path):
@@ -135,8 +162,19 @@ def test_resume_with_more_steps_is_exact(tmp_path):
 
 
 def test_cli_nan_exit_code_and_resume(tmp_path, capsys):
-    args = ["--setting", "grpo", "--out", str(tmp_path), "--steps", "6", "--smoke", "--ckpt-every", "2",
-            "--eval-every", "2"]
+    args = [
+        "--setting",
+        "grpo",
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "6",
+        "--smoke",
+        "--ckpt-every",
+        "2",
+        "--eval-every",
+        "2",
+    ]
     # --smoke caps steps at 4; the NaN at step 3 stops the run before anything of step 3 is applied
     assert run_main(args + ["--debug-nan-step", "3"]) == 3
     d = tmp_path / "mini" / "grpo" / "seed0"
@@ -178,14 +216,18 @@ def _words():
     raise RuntimeError("the prompt said: CUDA out of memory, NaN, Traceback (most recent call last):")
 
 
-@pytest.mark.parametrize("fail, oom", [(_cuda_oom, True), (_memory_error, True), (_cpu_alloc_failure, True), (_words, False)])
+@pytest.mark.parametrize(
+    "fail, oom", [(_cuda_oom, True), (_memory_error, True), (_cpu_alloc_failure, True), (_words, False)]
+)
 def test_testbed_failure_at_a_step_writes_the_event_the_flags_read(tmp_path, monkeypatch, fail, oom):
     "Out of memory at a step ends the run with an `oom` event; any other exception with `error`: both are `crashed`."
     real = MiniTrainer.train_step
+
     def step(self):
         if self.step == 1:
             fail()
         return real(self)
+
     monkeypatch.setattr(MiniTrainer, "train_step", step)
     cfg = smoke_cfg("grpo", tmp_path, steps=3)
     with pytest.raises((MemoryError, RuntimeError)):
@@ -216,6 +258,7 @@ def test_compare_unknown_setting(capsys):
 
 def test_compare_interrupted_exits_130_saying_how_to_resume_and_writes_no_summary(tmp_path, capsys, monkeypatch):
     import sao_repro.mini.cli as C
+
     started = []
 
     def interrupted(a, ov, nb, todo, bar):
@@ -252,11 +295,21 @@ def test_areal_backend_goes_through_the_launcher(tmp_path, capsys, monkeypatch):
     def fake(setting, seed=1, steps=None, out_dir=None, dry_run=False, extra_overrides=(), **kw):
         calls.append((setting, seed, steps, out_dir, dry_run, list(extra_overrides)))
         run_dir = Path(out_dir) / "areal" / setting / f"seed{seed}"
-        return {"status": "dry-run" if dry_run else "failed", "returncode": 0 if dry_run else 1, "run_dir": str(run_dir)}
+        return {
+            "status": "dry-run" if dry_run else "failed",
+            "returncode": 0 if dry_run else 1,
+            "run_dir": str(run_dir),
+        }
 
     monkeypatch.setattr(launch, "launch_setting", fake)
-    d = run_setting("grpo", seed=2, steps=7, backend="areal", out_dir=str(tmp_path),
-                    overrides={"dry_run": True, "extra_overrides": ["a=1"]})
+    d = run_setting(
+        "grpo",
+        seed=2,
+        steps=7,
+        backend="areal",
+        out_dir=str(tmp_path),
+        overrides={"dry_run": True, "extra_overrides": ["a=1"]},
+    )
     assert d == tmp_path / "areal" / "grpo" / "seed2"
     assert calls == [("grpo", 2, 7, str(tmp_path), True, ["a=1"])]
     assert run_main(["--setting", "sao", "--backend", "areal", "--out", str(tmp_path)]) == 1  # a failed launch
@@ -270,8 +323,9 @@ def test_compare_papermill_smoke(tmp_path, capsys):
     "compare executes run_setting.ipynb per run, keeps it, goes on after a failure and prints the summary."
     # grpo's folder holds a partial run with another lag: its resume refuses the change, running_mean goes on
     run_setting("grpo", 0, 2, out_dir=str(tmp_path), smoke=True, overrides={"lag": 0}, log=None)
-    rc = compare_main(["--settings", "grpo", "running_mean", "--seeds", "1", "--smoke", "--out", str(tmp_path),
-                       "--jobs", "2"])
+    rc = compare_main(
+        ["--settings", "grpo", "running_mean", "--seeds", "1", "--smoke", "--out", str(tmp_path), "--jobs", "2"]
+    )
     out = capsys.readouterr()
     assert rc == 1
     assert "failed: grpo seed0" in out.err
@@ -290,8 +344,11 @@ def test_run_setting_notebook_smoke(tmp_path):
     "The run notebook itself, executed by papermill with smoke=True, trains and draws its curves."
     from sao_repro.mini.cli import find_run_notebook
     from sao_repro.report import run_notebook
+
     out_nb = tmp_path / "executed.ipynb"
-    run_notebook(find_run_notebook(), out_nb, {"setting": "grpo_dis", "seed": 3, "smoke": True, "out_dir": str(tmp_path)})
+    run_notebook(
+        find_run_notebook(), out_nb, {"setting": "grpo_dis", "seed": 3, "smoke": True, "out_dir": str(tmp_path)}
+    )
     d = tmp_path / "mini" / "grpo_dis" / "seed3"
     assert [m["step"] for m in read_metrics(d)] == [1, 2, 3, 4]
     assert json.loads((d / "config.json").read_text())["preset"] == "smoke"
@@ -301,9 +358,11 @@ def test_run_setting_notebook_smoke(tmp_path):
 
 # ---------------------------------------------------------------- knobs: advantage whitening
 
+
 def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
     "Whitened advantages (mean 0, std 1 over action tokens); the critic's targets, loss and grad norm are untouched."
     import sao_repro.mini.train as MT
+
     out = {}
     for w in (False, True):
         tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / str(w), critic_warmup=0, adv_whiten=w), log=None)
@@ -311,16 +370,20 @@ def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
         out[w] = tr.train_step()  # step 1: same rollout, same critic; the policy updates after the critic
     for k in ("critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/returns_std"):
         assert out[True][k] == out[False][k], k
-    assert out[True]["adv/mean"] == pytest.approx(0.0, abs=1e-5) and out[True]["adv/std"] == pytest.approx(1.0, abs=1e-3)
+    assert out[True]["adv/mean"] == pytest.approx(0.0, abs=1e-5) and out[True]["adv/std"] == pytest.approx(
+        1.0, abs=1e-3
+    )
     assert abs(out[False]["adv/std"] - 1.0) > 1e-2  # the unwhitened advantages were not already whitened
     assert out[True]["actor/loss"] != out[False]["actor/loss"]
 
 
 # ---------------------------------------------------------------- knobs: frozen-attention critic
 
+
 def test_frozen_attention_critic(tmp_path):
     "critic_freeze=attention: after K updates per step the attention weights are bit-identical, MLP and head moved, no optimizer state for them."
     import sao_repro.mini.train as MT
+
     tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path, critic_freeze="attention"), log=None)
     crit = tr.critic
     before = {n: p.detach().clone() for n, p in crit.model.named_parameters()}
@@ -339,6 +402,7 @@ def test_frozen_attention_critic(tmp_path):
 
 def test_freeze_pattern_matching_nothing_names_the_modules():
     from sao_repro.critic import freeze_params
+
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
     with pytest.raises(ValueError, match=r"match no parameter; modules seen: 0, 2"):
         freeze_params(model, "attention")
@@ -347,9 +411,11 @@ def test_freeze_pattern_matching_nothing_names_the_modules():
 
 # ---------------------------------------------------------------- knobs: critic warm start
 
+
 def test_critic_init_from_an_earlier_run(tmp_path):
     "critic_init: the earlier run's critic weights are loaded, the source recorded in config.json; wrong shapes are refused."
     import sao_repro.mini.train as MT
+
     first = train_run(smoke_cfg("sao", tmp_path / "a", steps=3), log=None)
     saved = torch.load(checkpoints(first)[-1], weights_only=True)["critic"]["model"]
     tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / "b", critic_init=str(first)), log=None)
@@ -362,14 +428,21 @@ def test_critic_init_from_an_earlier_run(tmp_path):
     with pytest.raises(ValueError, match="shapes differ"):
         MT.MiniTrainer(smoke_cfg("sao", tmp_path / "e", critic_width=16, critic_init=str(first)), log=None)
     with pytest.raises(ValueError, match="has no critic"):
-        MT.MiniTrainer(smoke_cfg("sao", tmp_path / "f", critic_init=str(train_run(smoke_cfg("grpo", tmp_path / "g", steps=1), log=None))), log=None)
+        MT.MiniTrainer(
+            smoke_cfg(
+                "sao", tmp_path / "f", critic_init=str(train_run(smoke_cfg("grpo", tmp_path / "g", steps=1), log=None))
+            ),
+            log=None,
+        )
 
 
 # ---------------------------------------------------------------- knobs: DIS band presets
 
+
 def test_dis_band_preset_reaches_the_loss_and_config_json(tmp_path, monkeypatch):
     "dis_band=paper-math: the trainer's loss gets [0.7, 6.0]; config.json records the resolved band and the preset."
     import sao_repro.mini.train as MT
+
     seen = []
     real = MT.policy_loss
     monkeypatch.setattr(MT, "policy_loss", lambda *a, **kw: seen.append(kw["band"]) or real(*a, **kw))
@@ -387,15 +460,26 @@ def test_compare_ends_with_one_table_and_records_it(tmp_path, capsys, monkeypatc
     import fake_testbed
     import sao_repro.mini.cli as C
     from sao_repro.results import load, render, status
+
     settings = ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]
-    fake_testbed.main(["--out", str(tmp_path), "--runs", ",".join(f"{s}:{k}" for s in settings for k in range(3)),
-                       "--steps", "40", "--interval", "0"])
+    fake_testbed.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--runs",
+            ",".join(f"{s}:{k}" for s in settings for k in range(3)),
+            "--steps",
+            "40",
+            "--interval",
+            "0",
+        ]
+    )
     monkeypatch.setattr(C, "_compare_state", lambda a, ov, s, k: "done")  # the fake runs count as finished
     rec = tmp_path / "results" / "study.json"
     argv = ["--seeds", "3", "--out", str(tmp_path), "--window", "10", "--record", str(rec)]
     assert compare_main(argv) == 0
     out = capsys.readouterr().out
-    table = out[out.index("### The study"):out.index("recorded:")].strip()
+    table = out[out.index("### The study") : out.index("recorded:")].strip()
     lines = table.splitlines()
     assert sum(line.startswith("|---") for line in lines) == 1  # one table
     assert [line.split(" | ")[0] for line in lines[4:9]] == [f"| {s}" for s in settings]
@@ -409,7 +493,12 @@ def test_compare_ends_with_one_table_and_records_it(tmp_path, capsys, monkeypatc
     assert "--ray" in table or all("`make study SEEDS=5`" in v[4] or "near 0" in v[4] for v in open_)
     summ = (tmp_path / "mini" / "summary.md").read_text()
     assert summ.startswith(f"`sao-repro compare --seeds 3 --out {tmp_path}") and table in summ
-    assert "### Paired effects" in summ and "### End accuracy" in summ and "| point |" not in summ and "| study |" not in summ
+    assert (
+        "### Paired effects" in summ
+        and "### End accuracy" in summ
+        and "| point |" not in summ
+        and "| study |" not in summ
+    )
     r = load(rec)
     assert r["markdown"].strip() == table and r["command"] == "sao-repro compare " + " ".join(argv)
     assert status(r) == "fresh" and "Stale" not in render(r)

@@ -1,5 +1,6 @@
 """The chain task family (scratchpad responses, mixed difficulty), the key/value-cached decoder and the
 lower-precision behaviour engine, checked against independent computations."""
+
 import json
 import re
 
@@ -12,8 +13,18 @@ from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401  (smok
 from sao_repro.data import last_boxed
 from sao_repro.mini.cli import run_main
 from sao_repro.mini.model import ModelConfig, PolicyModel, chain_sft_batch, generate, token_logp
-from sao_repro.mini.task import (TaskConfig, chain_prompt_len, draw_chains, encode_prompts, eval_problems, max_answer_len,
-                                 response_reward, sample_problems, scratchpad, task_tokenizer)
+from sao_repro.mini.task import (
+    TaskConfig,
+    chain_prompt_len,
+    draw_chains,
+    encode_prompts,
+    eval_problems,
+    max_answer_len,
+    response_reward,
+    sample_problems,
+    scratchpad,
+    task_tokenizer,
+)
 from sao_repro.mini.train import NonFiniteError, checkpoints, read_metrics, train_run
 
 
@@ -43,8 +54,13 @@ def test_chain_problems_schema_answers_and_split():
 
 
 @settings(max_examples=40, deadline=None)
-@given(d=st.integers(1, 3), lo=st.integers(2, 4), extra=st.integers(0, 2), ops=st.sampled_from(["+", "-", "+-", "+-*", "*"]),
-       seed=st.integers(0, 10_000))
+@given(
+    d=st.integers(1, 3),
+    lo=st.integers(2, 4),
+    extra=st.integers(0, 2),
+    ops=st.sampled_from(["+", "-", "+-", "+-*", "*"]),
+    seed=st.integers(0, 10_000),
+)
 def test_scratchpad_fits_and_scores(d, lo, extra, ops, seed):
     cfg = TaskConfig(family="chain", ops=ops, difficulty=d, min_terms=lo, max_terms=lo + extra)
     rng = np.random.default_rng(seed)
@@ -56,7 +72,10 @@ def test_scratchpad_fits_and_scores(d, lo, extra, ops, seed):
         assert response_reward(gold, p, cfg) == 1.0  # a direct answer
         assert response_reward(f"0={int(gold) + 1}", p, cfg) == 0.0
         assert response_reward(None, p, cfg) == 0.0  # truncated
-    assert encode_prompts(sample_problems(cfg, 7, "heldout", rng), cfg, task_tokenizer(cfg)).shape == (7, chain_prompt_len(cfg))
+    assert encode_prompts(sample_problems(cfg, 7, "heldout", rng), cfg, task_tokenizer(cfg)).shape == (
+        7,
+        chain_prompt_len(cfg),
+    )
 
 
 def test_chain_sft_rows_are_consistent():
@@ -127,7 +146,9 @@ def test_bfloat16_engine_mismatch_is_small_but_real():
 
 
 def test_chain_run_resumes_exactly_and_logs_levels(tmp_path):
-    kw = dict(family="chain", ops="+-", max_terms=3, behav_dtype="bfloat16", direct_frac=0.3, lag_mode="random", steps=8)
+    kw = dict(
+        family="chain", ops="+-", max_terms=3, behav_dtype="bfloat16", direct_frac=0.3, lag_mode="random", steps=8
+    )
     full = train_run(smoke_cfg("sao", tmp_path / "a", critic_warmup=2, **kw), log=None)
     crash = smoke_cfg("sao", tmp_path / "b", critic_warmup=2, debug_nan_step=5, **kw)
     with pytest.raises(NonFiniteError):
@@ -142,9 +163,43 @@ def test_chain_run_resumes_exactly_and_logs_levels(tmp_path):
 
 
 def test_cli_chain_flags_and_errors(tmp_path, capsys):
-    assert run_main(["--setting", "grpo", "--out", str(tmp_path), "--smoke", "--family", "chain", "--ops", "+-",
-                     "--max-terms", "3", "--behav-dtype", "bfloat16"]) == 0
+    assert (
+        run_main(
+            [
+                "--setting",
+                "grpo",
+                "--out",
+                str(tmp_path),
+                "--smoke",
+                "--family",
+                "chain",
+                "--ops",
+                "+-",
+                "--max-terms",
+                "3",
+                "--behav-dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "mini/grpo/seed0/config.json").read_text())["max_terms"] == 3
-    assert run_main(["--setting", "grpo", "--out", str(tmp_path / "x"), "--smoke", "--family", "chain",
-                     "--min-terms", "5", "--max-terms", "3"]) == 2  # a bad option: exit 2, no folder made
+    assert (
+        run_main(
+            [
+                "--setting",
+                "grpo",
+                "--out",
+                str(tmp_path / "x"),
+                "--smoke",
+                "--family",
+                "chain",
+                "--min-terms",
+                "5",
+                "--max-terms",
+                "3",
+            ]
+        )
+        == 2
+    )  # a bad option: exit 2, no folder made
     assert "min_terms" in capsys.readouterr().err and not (tmp_path / "x").exists()

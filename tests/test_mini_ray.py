@@ -1,6 +1,7 @@
 """Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node. `--ray local`
 listens on loopback only and leaves nothing behind however its driver ends; `--ray ADDRESS` must answer as Ray."""
+
 import json
 import re
 import threading
@@ -27,10 +28,19 @@ def start_cluster(Cluster, temp_root, tries=3):
     for i in range(tries):
         cluster = None
         try:
-            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1},
-                                                                    "include_dashboard": False, "temp_dir": f"{temp_root}/head",
-                                                                    **free_ports()})
-            worker = cluster.add_node(num_cpus=1, resources={"worker_node": 1}, temp_dir=f"{temp_root}/worker", **free_ports())
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": 1,
+                    "resources": {"head_node": 1},
+                    "include_dashboard": False,
+                    "temp_dir": f"{temp_root}/head",
+                    **free_ports(),
+                },
+            )
+            worker = cluster.add_node(
+                num_cpus=1, resources={"worker_node": 1}, temp_dir=f"{temp_root}/worker", **free_ports()
+            )
             cluster.wait_for_nodes()
             return cluster, worker
         except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
@@ -52,8 +62,12 @@ def test_a_task_resumes_a_shipped_partial_run_exactly(tmp_path):
     assert run_state(part, 4) == "partial"
     cfg = make_config("sao", 0, 4, overrides=SMOKE)
     ((key, start),) = start_blobs([cfg], log=None).items()
-    r = run_task(nb.read_text(), run_params("sao", 0, 4, "mini", str(tmp_path / "elsewhere"), False, SMOKE, resume=True),
-                 pack_dir(part), (key, start))
+    r = run_task(
+        nb.read_text(),
+        run_params("sao", 0, 4, "mini", str(tmp_path / "elsewhere"), False, SMOKE, resume=True),
+        pack_dir(part),
+        (key, start),
+    )
     assert r["error"] is None and r["node"] is None
     back = tmp_path / "back"
     unpack_into(r["folder"], back)
@@ -68,28 +82,48 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     "A head and a worker node (1 CPU each); runs land on both; the worker is removed mid-sweep; nothing lost or doubled."
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
-    sweep = {"name": "two", "settings": ["single_dis", "running_mean"], "seeds": 4, "steps": 4, "window": 2, "base": SMOKE}
+
+    sweep = {
+        "name": "two",
+        "settings": ["single_dis", "running_mean"],
+        "seeds": 4,
+        "steps": 4,
+        "window": 2,
+        "base": SMOKE,
+    }
     cfg = tmp_path / "two.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
     import tempfile
     from ray._common.utils import get_ray_address_file
+
     record = Path(get_ray_address_file(None))  # Cluster writes this machine's Ray record, and deletes it at shutdown
     before = record.read_text() if record.is_file() else None
     temp_root = tempfile.mkdtemp(prefix="sao-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     cluster, worker = start_cluster(Cluster, temp_root)
     sessions = {n: Path(n.get_session_dir_path()) for n in (cluster.head_node, worker)}
-    assert sessions[cluster.head_node].parent == Path(temp_root) / "head" and sessions[worker].parent == Path(temp_root) / "worker"
-    assert all(d.is_dir() and (d / "logs").is_dir() for d in sessions.values())  # each node keeps its session in its own folder
+    assert (
+        sessions[cluster.head_node].parent == Path(temp_root) / "head"
+        and sessions[worker].parent == Path(temp_root) / "worker"
+    )
+    assert all(
+        d.is_dir() and (d / "logs").is_dir() for d in sessions.values()
+    )  # each node keeps its session in its own folder
     root = tmp_path / "ray" / "sweeps" / "two" / "base" / "mini"
     rc = {}
-    th = threading.Thread(target=lambda: rc.setdefault("rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"),
-                                                                          "--ray", cluster.address])))
+    th = threading.Thread(
+        target=lambda: rc.setdefault(
+            "rc", sweep_main([str(cfg), "--out", str(tmp_path / "ray"), "--ray", cluster.address])
+        )
+    )
     try:
         th.start()
         worker_id, t0 = worker.node_id, time.time()
-        while time.time() - t0 < 300 and not any(json.loads(l)["node"] == worker_id for f in root.glob(f"*/seed*/{ATTEMPTS_FILE}")
-                                                  for l in f.read_text().splitlines()):
+        while time.time() - t0 < 300 and not any(
+            json.loads(l)["node"] == worker_id
+            for f in root.glob(f"*/seed*/{ATTEMPTS_FILE}")
+            for l in f.read_text().splitlines()
+        ):
             time.sleep(0.5)
         time.sleep(2)  # the worker has taken its next run: remove the node under it
         cluster.remove_node(worker)
@@ -98,6 +132,7 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
         ray.shutdown()
         cluster.shutdown()
         import shutil
+
         shutil.rmtree(temp_root, ignore_errors=True)
         if before is not None:  # as it was before the test
             record.write_text(before)
@@ -136,9 +171,16 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
     import signal
     import subprocess
     import sys
+
     pytest.importorskip("ray")
-    sweep = {"name": "cc", "settings": ["single_dis", "running_mean"], "seeds": 2, "steps": 6, "window": 2,
-             "base": {**SMOKE, "eval_every": 2, "ckpt_every": 2}}
+    sweep = {
+        "name": "cc",
+        "settings": ["single_dis", "running_mean"],
+        "seeds": 2,
+        "steps": 6,
+        "window": 2,
+        "base": {**SMOKE, "eval_every": 2, "ckpt_every": 2},
+    }
     cfg = tmp_path / "cc.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     root = tmp_path / "out" / "sweeps" / "cc" / "base" / "mini"
@@ -147,7 +189,9 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
     mark = f"sao-test-{os.getpid()}-{time.time()}"
     env = {**os.environ, "SAO_CTRL_C_TEST": mark, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         t0 = time.time()
         while time.time() - t0 < 400 and p.poll() is None and not list(root.glob(f"*/seed*/{ATTEMPTS_FILE}")):
@@ -185,15 +229,23 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_path):
-    "`ray start --head` (Ray's own CLI, as on a cluster's head node), then `sao-repro sweep CONFIG --ray` (auto, through "
+    "`ray start --head` (Ray's own CLI, as on a cluster's head node), then `sao-repro sweep CONFIG --ray` (auto, through"
     "RAY_ADDRESS as a cluster job gets it): the runs execute there and equal local runs bit for bit; the head is stopped after."
     import os
     import signal
     import subprocess
     import sys
     import tempfile
+
     pytest.importorskip("ray")
-    sweep = {"name": "auto", "settings": ["single_dis", "running_mean"], "seeds": 2, "steps": 4, "window": 2, "base": SMOKE}
+    sweep = {
+        "name": "auto",
+        "settings": ["single_dis", "running_mean"],
+        "seeds": 2,
+        "steps": 4,
+        "window": 2,
+        "base": SMOKE,
+    }
     cfg = tmp_path / "auto.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
     assert sweep_main([str(cfg), "--out", str(tmp_path / "local"), "--jobs", "2"]) == 0
@@ -203,10 +255,24 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
     # a private head without token auth (a token in ~/.ray, left by another cluster, would turn it on for the head only)
     env = {**os.environ, "SAO_RAY_START_TEST": mark, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
-                             f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false",
-                             f"--ray-client-server-port={client_port}"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    head = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--temp-dir={temp}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--ray-client-server-port={client_port}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         seen, address = [], None
         for line in head.stdout:  # `ray start` prints the address other nodes join at, then blocks
@@ -217,14 +283,19 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
                 break
         assert head.poll() is None and address and address.endswith(f":{port}"), "".join(seen)[-3000:]
         from sao_repro.mini.rayconnect import ray_problem
+
         assert ray_problem(address) is None  # the GCS answers as Ray
         client, t0 = f"ray://{address.rpartition(':')[0]}:{client_port}", time.time()
         while ray_problem(client) and time.time() - t0 < 60:  # the client server starts after `ray start` returns
             time.sleep(1)
         assert ray_problem(client) is None  # and so does its Ray Client server
-        r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray"],
-                           env={**env, "RAY_ADDRESS": address, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "ray"), "--ray"],
+            env={**env, "RAY_ADDRESS": address, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the node's processes when it is stopped
@@ -237,8 +308,12 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
             for pid in _marked(mark):
                 os.kill(pid, signal.SIGKILL)
             import shutil
+
             shutil.rmtree(temp, ignore_errors=True)
-    root, ref = tmp_path / "ray" / "sweeps" / "auto" / "base" / "mini", tmp_path / "local" / "sweeps" / "auto" / "base" / "mini"
+    root, ref = (
+        tmp_path / "ray" / "sweeps" / "auto" / "base" / "mini",
+        tmp_path / "local" / "sweeps" / "auto" / "base" / "mini",
+    )
     for s in sweep["settings"]:
         for k in range(2):
             att = [json.loads(l) for l in (root / s / f"seed{k}" / ATTEMPTS_FILE).read_text().splitlines()]
@@ -252,6 +327,7 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
 def test_a_ray_address_nothing_answers_at_is_refused_before_any_run(tmp_path, capsys):
     "`--ray HOST:PORT` with no cluster there: exit 2 within seconds, naming the address and `ray start --head`; no run folder made."
     import socket
+
     pytest.importorskip("ray")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -267,22 +343,38 @@ def test_a_ray_address_nothing_answers_at_is_refused_before_any_run(tmp_path, ca
 
 @pytest.mark.slow
 def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_path, monkeypatch):
-    "A sweep whose critic_init is relative to the folder it runs in (as chain_critic_warm.yaml writes it), run locally "
+    "A sweep whose critic_init is relative to the folder it runs in (as chain_critic_warm.yaml writes it), run locally"
     "and under `--ray local`: the same runs (metrics, critic source), config.json names the user's out and critic, and "
     "the run folders have the same modes."
     import os
     import subprocess
     import sys
+
     pytest.importorskip("ray")
     monkeypatch.chdir(tmp_path)
-    run_setting("sao", 0, 2, out_dir="first", overrides=SMOKE, log=None)  # the earlier run, named relative to this folder
-    sweep = {"name": "warm", "settings": ["sao"], "seeds": 2, "steps": 4, "window": 2, "base": SMOKE,
-             "grid": {"critic_init": [None, "first/mini/sao/seed0"]}}
+    run_setting(
+        "sao", 0, 2, out_dir="first", overrides=SMOKE, log=None
+    )  # the earlier run, named relative to this folder
+    sweep = {
+        "name": "warm",
+        "settings": ["sao"],
+        "seeds": 2,
+        "steps": 4,
+        "window": 2,
+        "base": SMOKE,
+        "grid": {"critic_init": [None, "first/mini/sao/seed0"]},
+    }
     Path("warm.yaml").write_text(yaml.safe_dump(sweep))
     assert sweep_main(["warm.yaml", "--out", "local", "--jobs", "2"]) == 0
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    r = subprocess.run([sys.executable, "-m", "sao_repro.cli", "sweep", "warm.yaml", "--out", "ray", "--ray", "local"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "sao_repro.cli", "sweep", "warm.yaml", "--out", "ray", "--ray", "local"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     src = str(tmp_path / "first" / "mini" / "sao" / "seed0")
     for label, init in (("critic_init=None", None), ("critic_init=first_mini_sao_seed0", src)):
@@ -293,7 +385,9 @@ def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_pat
             assert (conf["critic_init"], want["critic_init"]) == (init, init)
             assert conf["critic_source"] == want["critic_source"] and (init is None) == (conf["critic_source"] is None)
             assert conf["out"] == str(tmp_path / "ray" / "sweeps" / "warm" / label)  # the user's, not the task's folder
-            modes = {x: {p.relative_to(x).as_posix(): p.stat().st_mode & 0o777 for p in [x, *x.rglob("*")]} for x in (d, ref)}
+            modes = {
+                x: {p.relative_to(x).as_posix(): p.stat().st_mode & 0o777 for p in [x, *x.rglob("*")]} for x in (d, ref)
+            }
             assert {p: m for p, m in modes[d].items() if p != ATTEMPTS_FILE} == modes[ref]
             assert modes[d][ATTEMPTS_FILE] == modes[ref]["events.log"]
     res, want = (json.loads((tmp_path / x / "sweeps" / "warm" / "results.json").read_text()) for x in ("ray", "local"))
@@ -306,12 +400,16 @@ LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 def _instance(mark):
     "pid -> (command line, listening IPs) of every live process whose environment carries `mark` (zombies left out)."
     import psutil
+
     out = {}
     for pid in _marked(mark):
         try:
             p = psutil.Process(pid)
             if p.status() != psutil.STATUS_ZOMBIE:
-                out[pid] = (" ".join(p.cmdline()), {c.laddr.ip for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN})
+                out[pid] = (
+                    " ".join(p.cmdline()),
+                    {c.laddr.ip for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN},
+                )
         except psutil.Error:  # gone meanwhile
             pass
     return out
@@ -323,6 +421,7 @@ def _local_sweep(tmp_path, name, seeds, steps, record):
     import subprocess
     import sys
     import tempfile
+
     sweep = {"name": name, "settings": ["single_dis"], "seeds": seeds, "steps": steps, "window": 2, "base": SMOKE}
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(sweep))
@@ -331,10 +430,21 @@ def _local_sweep(tmp_path, name, seeds, steps, record):
         (tmp / "ray").mkdir()
         (tmp / "ray" / "ray_current_cluster").write_text(record)
     mark = f"sao-local-{os.getpid()}-{time.time()}"
-    env = {**os.environ, "SAO_LOCAL_RAY_TEST": mark, "TMPDIR": str(tmp), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {
+        **os.environ,
+        "SAO_LOCAL_RAY_TEST": mark,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True), mark, tmp
+    return (
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ),
+        mark,
+        tmp,
+    )
 
 
 def _while_a_run_runs(p, mark, wait=400):
@@ -350,16 +460,21 @@ def _while_a_run_runs(p, mark, wait=400):
 
 def _ray_left_in(tmp):
     "What a Ray instance or its runs left in the temp folder `tmp`: instance and run folders, Ray's own folder."
-    return sorted(str(q.relative_to(tmp)) for q in Path(tmp).rglob("*") if q.relative_to(tmp).parts[0].startswith(("sao-ray", "ray")))
+    return sorted(
+        str(q.relative_to(tmp))
+        for q in Path(tmp).rglob("*")
+        if q.relative_to(tmp).parts[0].startswith(("sao-ray", "ray"))
+    )
 
 
 @pytest.mark.slow
 def test_a_local_ray_sweep_listens_on_loopback_only_and_leaves_nothing(tmp_path):
-    "During `sweep --ray local` every listening socket of the driver, the instance and its workers is on loopback; when "
+    "During `sweep --ray local` every listening socket of the driver, the instance and its workers is on loopback; when"
     "it ends no process of it is left, its folders are gone and the machine's Ray record is as it was."
     import os
     import shutil
     import signal
+
     pytest.importorskip("ray")
     p, mark, tmp = _local_sweep(tmp_path, "lo", seeds=2, steps=4, record="10.255.0.1:6379")
     try:
@@ -384,11 +499,12 @@ def test_a_local_ray_sweep_listens_on_loopback_only_and_leaves_nothing(tmp_path)
 
 @pytest.mark.slow
 def test_a_local_ray_instance_goes_when_its_driver_is_killed(tmp_path):
-    "kill -9 of `sweep --ray local` mid-run (as a watchdog would): its Ray processes, agents and run kernels go within "
+    "kill -9 of `sweep --ray local` mid-run (as a watchdog would): its Ray processes, agents and run kernels go within"
     "seconds (Ray's own agents alone linger about a minute), its folders are removed, and no Ray record is written."
     import os
     import shutil
     import signal
+
     pytest.importorskip("ray")
     p, mark, tmp = _local_sweep(tmp_path, "kill", seeds=1, steps=8, record=None)
     try:
@@ -401,7 +517,9 @@ def test_a_local_ray_instance_goes_when_its_driver_is_killed(tmp_path):
         while (_instance(mark) or _ray_left_in(tmp)) and time.time() - t0 < 30:
             time.sleep(0.5)
         assert _instance(mark) == {}
-        assert _ray_left_in(tmp) == []  # the instance's folder and the run's private folder are gone; no record was made
+        assert (
+            _ray_left_in(tmp) == []
+        )  # the instance's folder and the run's private folder are gone; no record was made
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
@@ -410,6 +528,7 @@ def test_a_local_ray_instance_goes_when_its_driver_is_killed(tmp_path):
 
 class _NotRay:
     "A plain HTTP server (every request answered 404) on `host` in a thread."
+
     def __init__(self, host):
         import http.server
 
@@ -419,6 +538,7 @@ class _NotRay:
 
             def log_message(self, *a):
                 pass
+
         self.srv = http.server.ThreadingHTTPServer((host, 0), H)
         self.address = f"{host}:{self.srv.server_address[1]}"
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
@@ -430,10 +550,11 @@ class _NotRay:
 
 @pytest.mark.parametrize("command", ["sweep", "compare"])
 def test_an_address_that_is_not_ray_is_refused_before_any_run(tmp_path, capsys, monkeypatch, command):
-    "`--ray HOST:PORT` and `--ray ray://HOST:PORT` at a plain HTTP server (on 127.0.0.1, and on the address Ray rewrites "
+    "`--ray HOST:PORT` and `--ray ray://HOST:PORT` at a plain HTTP server (on 127.0.0.1, and on the address Ray rewrites"
     "127.0.0.1 into): exit 2 within seconds, one line naming the address and what to do, no traceback, no run started."
     pytest.importorskip("ray")
     from ray._private.services import get_node_ip_address
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cfg = tmp_path / "n.yaml"
     cfg.write_text(yaml.safe_dump({"name": "n", "settings": ["single_dis"], "seeds": 1, "steps": 2, "base": SMOKE}))
@@ -442,8 +563,23 @@ def test_an_address_that_is_not_ray_is_refused_before_any_run(tmp_path, capsys, 
         for srv in servers:
             for address in (srv.address, f"ray://{srv.address}"):
                 out = tmp_path / "o" / address.replace(":", "_").replace("/", "_")
-                argv = ([str(cfg), "--out", str(out), "--ray", address] if command == "sweep" else
-                        ["--settings", "single_dis", "--seeds", "1", "--steps", "2", "--smoke", "--out", str(out), "--ray", address])
+                argv = (
+                    [str(cfg), "--out", str(out), "--ray", address]
+                    if command == "sweep"
+                    else [
+                        "--settings",
+                        "single_dis",
+                        "--seeds",
+                        "1",
+                        "--steps",
+                        "2",
+                        "--smoke",
+                        "--out",
+                        str(out),
+                        "--ray",
+                        address,
+                    ]
+                )
                 t0 = time.time()
                 rc = (sweep_main if command == "sweep" else compare_main)(argv)
                 took, err = time.time() - t0, capsys.readouterr().err

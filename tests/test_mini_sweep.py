@@ -1,4 +1,5 @@
 """Testbed knobs (minibatches, critic overrides, policy_lambda) and `sao-repro sweep` (sao_repro.mini.sweep)."""
+
 import json
 import math
 from pathlib import Path
@@ -31,8 +32,9 @@ def test_minibatches_1_is_one_step_on_the_whole_batch(tmp_path):
         a.train_step()
         ro, _ = b.rollout()
         adv, _ = b.advantages(ro, None)
-        loss, _ = policy_loss(token_logp(b.policy(ro.tokens), ro.tokens), ro.behav_logp, adv, ro.loss_mask,
-                              band=b.setting.band)
+        loss, _ = policy_loss(
+            token_logp(b.policy(ro.tokens), ro.tokens), ro.behav_logp, adv, ro.loss_mask, band=b.setting.band
+        )
         b.opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(b.policy.parameters(), cfg.max_grad_norm)
@@ -57,7 +59,9 @@ def test_minibatches_2_does_two_optimizer_steps(tmp_path):
 
 def test_resume_with_minibatches_and_critic_knobs_is_exact(tmp_path):
     "sao with 2 minibatches, 2 warmup steps, K=1, a narrower critic and lambda 0.9: a NaN crash + resume equals the full run."
-    kw = dict(steps=8, lag_mode="random", minibatches=2, critic_warmup=2, critic_k=1, critic_width=16, policy_lambda=0.9)
+    kw = dict(
+        steps=8, lag_mode="random", minibatches=2, critic_warmup=2, critic_k=1, critic_width=16, policy_lambda=0.9
+    )
     full = train_run(smoke_cfg("sao", tmp_path / "a", **kw), log=None)
     with pytest.raises(NonFiniteError):
         train_run(smoke_cfg("sao", tmp_path / "b", debug_nan_step=6, **kw), log=None)
@@ -72,13 +76,28 @@ def test_resume_with_minibatches_and_critic_knobs_is_exact(tmp_path):
     assert torch.equal(pa["mb_gen"], pb["mb_gen"])
     assert pa["critic"]["model"]["value_head.weight"].shape == (1, 16)  # the narrower critic
     conf = json.loads((d / "config.json").read_text())
-    assert (conf["critic_width"], conf["setting_spec"]["critic_k"], conf["setting_spec"]["warmup_steps"],
-            conf["setting_spec"]["policy_lambda"]) == (16, 1, 2, 0.9)
+    assert (
+        conf["critic_width"],
+        conf["setting_spec"]["critic_k"],
+        conf["setting_spec"]["warmup_steps"],
+        conf["setting_spec"]["policy_lambda"],
+    ) == (16, 1, 2, 0.9)
 
 
 def test_run_cli_knobs_and_note_without_critic(tmp_path, capsys):
-    argv = ["--setting", "running_mean", "--smoke", "--out", str(tmp_path), "--minibatches", "2", "--critic-k", "3",
-            "--policy-lambda", "adaptive"]
+    argv = [
+        "--setting",
+        "running_mean",
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--minibatches",
+        "2",
+        "--critic-k",
+        "3",
+        "--policy-lambda",
+        "adaptive",
+    ]
     assert run_main(argv) == 0
     assert "running_mean has no critic" in capsys.readouterr().out
     d = tmp_path / "mini" / "running_mean" / "seed0"
@@ -97,18 +116,23 @@ def test_paired_effect_arithmetic():
     assert n == 3
     assert m == pytest.approx(0.1)
     assert h == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-6)
-    m, h, n = paired_effect({0: 0.6, 1: 0.4}, {0: 0.5, 1: 0.5})  # +0.1, -0.1: mean 0, s_d = 0.1414, t_{0.975,1} = 12.7062
+    m, h, n = paired_effect(
+        {0: 0.6, 1: 0.4}, {0: 0.5, 1: 0.5}
+    )  # +0.1, -0.1: mean 0, s_d = 0.1414, t_{0.975,1} = 12.7062
     assert (m, n) == (pytest.approx(0.0), 2)
     assert h == pytest.approx(12.706205 * math.sqrt(0.02) / math.sqrt(2), rel=1e-6)
     m, h, n = paired_effect({0: 0.6}, {0: 0.5})
     assert n == 1 and m == pytest.approx(0.1) and math.isnan(h)
 
 
-@pytest.mark.parametrize("text,name", [
-    ("name: t\nsettings: [grpo]\nseed: 2\nsteps: 3\n", "'seed'"),            # top-level typo
-    ("name: t\nsettings: [grpo]\nseeds: 2\nsteps: 3\ngrid: {lagg: [1, 2]}\n", "'lagg'"),  # unknown knob
-    ("name: t\nsettings: [grpo]\nseeds: 2\nsteps: 3\nbase: {nosie: 1.0}\n", "'nosie'"),
-])
+@pytest.mark.parametrize(
+    "text,name",
+    [
+        ("name: t\nsettings: [grpo]\nseed: 2\nsteps: 3\n", "'seed'"),  # top-level typo
+        ("name: t\nsettings: [grpo]\nseeds: 2\nsteps: 3\ngrid: {lagg: [1, 2]}\n", "'lagg'"),  # unknown knob
+        ("name: t\nsettings: [grpo]\nseeds: 2\nsteps: 3\nbase: {nosie: 1.0}\n", "'nosie'"),
+    ],
+)
 def test_bad_sweep_config_names_the_key(tmp_path, capsys, text, name):
     p = tmp_path / "bad.yaml"
     p.write_text(text)

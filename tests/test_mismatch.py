@@ -1,4 +1,5 @@
 """The engine-vs-trainer mismatch figures: vectorized against the plain loop, junk off the mask, lag apart."""
+
 import math
 
 import pytest
@@ -85,7 +86,9 @@ def test_no_current_token_leaves_k3_kl_out():
 def test_huge_ratios_do_not_overflow():
     logp = torch.tensor([[0.0, 0.0, 0.0]])
     behav = torch.tensor([[-800.0, 0.0, 800.0]], dtype=torch.float64)
-    m = mismatch_metrics(logp.double(), behav, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), 0)
+    m = mismatch_metrics(
+        logp.double(), behav, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), 0
+    )
     assert all(math.isfinite(v) or k in ("mismatch/k3_kl", "mismatch/k3_kl_all") for k, v in m.items())
     assert m["mismatch/ess"] == pytest.approx(1 / 3)  # one ratio dominates: the effective sample is one token of three
 
@@ -103,8 +106,18 @@ def test_testbed_logs_mismatch_apart_from_lag_every_step(tmp_path):
     assert {m["rollout/policy_lag"] for m in ms} == {0, 1, 2}  # this seed draws every lag
     for m in ms:
         lag = m["rollout/policy_lag"]
-        assert all(k in m for k in LAG_KEYS + ("mismatch/k3_kl_all", "mismatch/ess", "mismatch/ratio_min",
-                                               "mismatch/ratio_max", "mismatch/log_ratio_p01", "mismatch/log_ratio_p99"))
+        assert all(
+            k in m
+            for k in LAG_KEYS
+            + (
+                "mismatch/k3_kl_all",
+                "mismatch/ess",
+                "mismatch/ratio_min",
+                "mismatch/ratio_max",
+                "mismatch/log_ratio_p01",
+                "mismatch/log_ratio_p99",
+            )
+        )
         assert m["mismatch/lag_max"] == m["mismatch/lag_mean"] == lag
         assert m["mismatch/current_frac"] == (1.0 if lag == 0 else 0.0)
         assert ("mismatch/k3_kl" in m) == (lag == 0)  # the trainer's own version: lag 0 only
@@ -116,6 +129,7 @@ def _sync_rollout(self):
     "A synchronous loop: the trainer's own policy object samples the batch (no copy, no history)."
     from sao_repro.mini.rollout import collect, pick_lag
     from sao_repro.mini.task import sample_problems
+
     cfg, s = self.cfg, self.setting
     lag = pick_lag(cfg.rollout(), self.step, self.rng)
     assert lag == 0
@@ -124,16 +138,21 @@ def _sync_rollout(self):
     return collect(self.policy, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
 
 
-@pytest.mark.parametrize("setting, kw", [("single_dis", {}), ("grpo_dis", {"minibatches": 2}), ("sao", {"critic_warmup": 1})])
+@pytest.mark.parametrize(
+    "setting, kw", [("single_dis", {}), ("grpo_dis", {"minibatches": 2}), ("sao", {"critic_warmup": 1})]
+)
 def test_lag_0_without_noise_is_the_synchronous_loop(setting, kw, tmp_path, monkeypatch):
     """Lag 0, no logit noise: the behaviour policy is the trainer's weights bit for bit, the exact engine reports
     the trainer's own log-probs, so every ratio is 1 (k3 0), nothing is masked, and every metric equals the
     synchronous loop's."""
     import sao_repro.mini.train as MT
+
     cfg = smoke_cfg(setting, tmp_path / "async", steps=4, lag=0, noise=0.0, **kw)
     tr = MiniTrainer(cfg, log=None)
     ro, lag = tr.rollout()
-    assert lag == 0 and all(torch.equal(a, b) for a, b in zip(tr.behav.state_dict().values(), tr.policy.state_dict().values()))
+    assert lag == 0 and all(
+        torch.equal(a, b) for a, b in zip(tr.behav.state_dict().values(), tr.policy.state_dict().values())
+    )
     ms = read_metrics(train_run(cfg, log=None))
     for m in ms:
         assert m["mismatch/lag_max"] == 0.0 and m["mismatch/current_frac"] == 1.0

@@ -1,4 +1,5 @@
 """sao_repro.monitor: the JSON API, live updates, the CLI and the security rules."""
+
 import http.client
 import json
 import os
@@ -19,8 +20,10 @@ KEY = "k3y-for-tests-0123456789abcdef"
 def write_run(root, setting="sao", seed=0, steps=3, extra=b""):
     d = Path(root) / "mini" / setting / f"seed{seed}"
     d.mkdir(parents=True, exist_ok=True)
-    lines = b"".join((json.dumps({"step": i, "acc": i / 10, "reward/mean": i / 10, "dis/kept_frac": 0.9}) + "\n").encode()
-                     for i in range(1, steps + 1))
+    lines = b"".join(
+        (json.dumps({"step": i, "acc": i / 10, "reward/mean": i / 10, "dis/kept_frac": 0.9}) + "\n").encode()
+        for i in range(1, steps + 1)
+    )
     (d / "metrics.jsonl").write_bytes(lines + extra)
     (d / "events.log").write_text("2026-11-29T16:00:00\tstart\t{}\n")
     return d
@@ -43,6 +46,7 @@ def request(srv, path, method="GET", headers=None, host=None):
 def strict_json(body):
     def bad(c):
         raise ValueError(f"non-standard JSON constant {c}")
+
     return json.loads(body, parse_constant=bad)
 
 
@@ -65,6 +69,7 @@ def server(logs, monkeypatch):
 
 # ---------------------------------------------------------------- API
 
+
 def test_api_runs(server):
     code, body, headers = request(server, "/api/runs")
     assert code == 200 and headers["Content-Type"].startswith("application/json")
@@ -80,7 +85,7 @@ def test_api_runs(server):
 def test_api_metrics(server):
     code, body, _ = request(server, "/api/metrics?run=mini/sao/seed0")
     assert code == 200
-    d = strict_json(body)                                    # NaN goes out as null
+    d = strict_json(body)  # NaN goes out as null
     assert d["run"] == "mini/sao/seed0" and d["setting"] == "sao" and d["last_step"] == 4
     assert d["metrics"]["acc"] == {"step": [1, 2, 3, 4], "value": [0.1, 0.2, 0.3, None]}
     code, body, _ = request(server, "/api/metrics?run=mini%2Fgrpo%2Fseed1&metrics=acc,dis/kept_frac,nope")
@@ -95,7 +100,7 @@ def test_live_updates(server, logs):
     with open(logs / "mini" / "grpo" / "seed1" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "acc": 0.9}\n{"step": 5, "acc": 1.0}\n')
     assert strict_json(request(server, "/api/runs")[1])[0]["last_step"] == 5
-    write_run(logs, "grpo_dis", 2)                             # a run that starts later appears
+    write_run(logs, "grpo_dis", 2)  # a run that starts later appears
     assert "mini/grpo_dis/seed2" in [r["run"] for r in strict_json(request(server, "/api/runs")[1])]
     with open(logs / "mini" / "grpo" / "seed1" / "events.log", "a") as f:
         f.write("2026-11-29T16:01:00\tfinish\t{}\n")
@@ -149,7 +154,7 @@ def test_page_static_and_no_cdn(server):
     css = request(server, "/static/monitor.css")
     assert js[0] == 200 and css[0] == 200 and js[2]["Content-Type"].startswith("text/javascript")
     for text in (body.decode(), js[1].decode(), css[1].decode()):
-        assert not re.search(r"https?://|//cdn|unpkg|jsdelivr|googleapis", text)   # nothing loaded from elsewhere
+        assert not re.search(r"https?://|//cdn|unpkg|jsdelivr|googleapis", text)  # nothing loaded from elsewhere
     assert request(server, "/static/nope.js")[0] == 404
     assert request(server, "/api/nope")[0] == 404
 
@@ -161,9 +166,17 @@ def test_files_under_logs_only(server, logs, tmp_path):
     secret.write_text("do not serve")
     os.symlink(secret, logs / "mini" / "link.txt")
     os.symlink(tmp_path, logs / "mini" / "dirlink")
-    for path in ["/files/../secret.txt", "/files/../../etc/passwd", "/files/%2e%2e/secret.txt",
-                 "/files/mini/..%2f..%2fsecret.txt", "/files//etc/passwd", "/files/mini/link.txt",
-                 "/files/mini/dirlink/secret.txt", "/files/%2fetc%2fpasswd", "/files/mini/%00x"]:
+    for path in [
+        "/files/../secret.txt",
+        "/files/../../etc/passwd",
+        "/files/%2e%2e/secret.txt",
+        "/files/mini/..%2f..%2fsecret.txt",
+        "/files//etc/passwd",
+        "/files/mini/link.txt",
+        "/files/mini/dirlink/secret.txt",
+        "/files/%2fetc%2fpasswd",
+        "/files/mini/%00x",
+    ]:
         code, body, _ = request(server, path)
         assert code in (403, 404), path
         assert b"do not serve" not in body and b"root:" not in body, path
@@ -176,7 +189,7 @@ def test_symlinked_files_out_of_the_tree_are_never_read(server, logs, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "m.jsonl").write_text('{"step": 99, "acc": 1.0}\n')
-    (outside / "e.log").write_text("2026-11-29T16:00:00\terror\t{\"error\": \"CUDA out of memory SECRET\"}\n")
+    (outside / "e.log").write_text('2026-11-29T16:00:00\terror\t{"error": "CUDA out of memory SECRET"}\n')
     d = logs / "mini" / "grpo_dis" / "seed5"
     d.mkdir(parents=True)
     os.symlink(outside / "m.jsonl", d / "metrics.jsonl")
@@ -197,15 +210,16 @@ def test_dns_rebinding_host_refused(server):
 
 # ---------------------------------------------------------------- keys
 
+
 def test_admin_needs_key_even_on_loopback(server):
     code, body, _ = request(server, "/api/admin/rescan", method="POST")
-    assert code == 403 and KEY_ENV.encode() in body                    # disabled without a key
+    assert code == 403 and KEY_ENV.encode() in body  # disabled without a key
 
 
 def test_admin_with_key_on_loopback(logs):
     srv = serve_in_thread(logs, port=0, api_key=KEY)
     try:
-        assert request(srv, "/api/runs")[0] == 200                      # reading stays open on loopback
+        assert request(srv, "/api/runs")[0] == 200  # reading stays open on loopback
         assert request(srv, "/api/admin/rescan", method="POST")[0] == 401
         assert request(srv, "/api/admin/rescan", method="POST", headers={"X-API-Key": "wrong"})[0] == 401
         code, body, _ = request(srv, "/api/admin/rescan", method="POST", headers={"X-API-Key": KEY})
@@ -231,8 +245,14 @@ def test_non_loopback_refused_without_key(logs, monkeypatch, capsys):
 def test_non_loopback_every_request_needs_key(logs):
     srv = serve_in_thread(logs, host="0.0.0.0", port=0, api_key=KEY)
     try:
-        for path in ["/", "/api/runs", "/api/metrics?run=mini/sao/seed0", "/static/monitor.js",
-                     "/files/mini/sao/seed0/events.log", "/nope"]:
+        for path in [
+            "/",
+            "/api/runs",
+            "/api/metrics?run=mini/sao/seed0",
+            "/static/monitor.js",
+            "/files/mini/sao/seed0/events.log",
+            "/nope",
+        ]:
             assert request(srv, path)[0] == 401, path
             assert request(srv, path, headers={"X-API-Key": KEY + "x"})[0] == 401, path
             assert request(srv, path, headers={"Authorization": "Bearer nope"})[0] == 401, path
@@ -241,7 +261,7 @@ def test_non_loopback_every_request_needs_key(logs):
         assert request(srv, f"/api/runs?key={KEY}")[0] == 200
         assert request(srv, "/api/runs", host="monitor.cluster.internal:1", headers={"X-API-Key": KEY})[0] == 200
         code, page, _ = request(srv, f"/?key={KEY}")
-        assert code == 200 and f"static/monitor.js?key={KEY}".encode() in page     # the page reuses its key
+        assert code == 200 and f"static/monitor.js?key={KEY}".encode() in page  # the page reuses its key
         assert request(srv, f"/static/monitor.js?key={KEY}")[0] == 200
         assert request(srv, "/files/../../etc/passwd", headers={"X-API-Key": KEY})[0] == 403
         assert request(srv, "/api/admin/rescan", method="POST")[0] == 401
@@ -255,10 +275,11 @@ def test_page_escapes_and_js_sends_key():
     page = render_page(Path("/logs/<script>"), '"><script>alert(1)</script>')
     assert "<script>alert" not in page and "/logs/&lt;script&gt;" in page
     assert '"X-API-Key": KEY' in JS and "encodeURIComponent(KEY)" in JS
-    assert "innerHTML" not in JS                                      # text goes in via textContent only
+    assert "innerHTML" not in JS  # text goes in via textContent only
 
 
 # ---------------------------------------------------------------- command line
+
 
 def test_cli_help():
     with pytest.raises(SystemExit) as e:
@@ -270,9 +291,21 @@ def test_cli_serves_until_stopped(logs, monkeypatch):
     env = dict(os.environ)
     env.pop(KEY_ENV, None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.monitor import monitor_main; "
-                          "sys.exit(monitor_main(sys.argv[1:]))", "--logs", str(logs), "--port", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from sao_repro.monitor import monitor_main; sys.exit(monitor_main(sys.argv[1:]))",
+            "--logs",
+            str(logs),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = p.stdout.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -296,7 +329,9 @@ def test_script_and_style_are_package_data_served_as_shipped(server):
     "monitor.js / monitor.css are files in sao_repro/monitor/static/, listed as package data, sent byte for byte."
     tomllib = pytest.importorskip("tomllib")
     pkg = REPO / "sao_repro" / "monitor"
-    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sao_repro.monitor"]
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "sao_repro.monitor"
+    ]
     shipped = {p.name for g in globs for p in pkg.glob(g)}
     assert shipped == {"monitor.js", "monitor.css"}
     for name in sorted(shipped):
@@ -309,9 +344,12 @@ def test_script_and_style_are_package_data_served_as_shipped(server):
 def test_starved_critic_flag_served_and_listed_by_the_page(tmp_path, monkeypatch):
     "A synthetic starved-critic log: /api/runs carries the flag and its step; the script and style know every SAO flag."
     from sao_repro.metrics.health import SAO_FLAGS
+
     d = tmp_path / "runs" / "mini" / "sao" / "seed0"
     d.mkdir(parents=True)
-    rows = [{"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 7)]
+    rows = [
+        {"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 7)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.delenv(KEY_ENV, raising=False)
     srv = serve_in_thread(tmp_path / "runs", port=0, refresh_s=0.0)
@@ -331,18 +369,29 @@ def test_starved_critic_flag_served_and_listed_by_the_page(tmp_path, monkeypatch
 def read_as_served(root) -> dict:
     "What the monitor of `root` lists and serves to this process's user: its data layer and its HTTP API."
     from sao_repro.monitor.data import MonitorState
+
     st = MonitorState(root, refresh_s=0.0)
     runs = ("open/mini/sao/seed0", "private/mini/sao/seed0", "closed/mini/sao/seed0", "shut/mini/sao/seed0")
-    out = {"uid": os.geteuid(), "state": [r["run"] for r in st.runs()], "files": {r["run"]: r["files"] for r in st.runs()},
-           "metrics": {run: st.metrics(run) is not None for run in runs}}
+    out = {
+        "uid": os.geteuid(),
+        "state": [r["run"] for r in st.runs()],
+        "files": {r["run"]: r["files"] for r in st.runs()},
+        "metrics": {run: st.metrics(run) is not None for run in runs},
+    }
     srv = serve_in_thread(root, port=0, refresh_s=0.0)
     try:
         code, body, _ = request(srv, "/api/runs")
         out["api_runs"] = [code, [r["run"] for r in json.loads(body)]]
         out["api_metrics"] = {run: request(srv, f"/api/metrics?run={run}")[0] for run in runs}
-        out["api_files"] = {p: request(srv, f"/files/{p}")[0] for p in (
-            "open/mini/sao/seed0/metrics.jsonl", "open/mini/sao/seed0/train.log", "private/mini/sao/seed0/metrics.jsonl",
-            "shut/mini/sao/seed0/events.log")}
+        out["api_files"] = {
+            p: request(srv, f"/files/{p}")[0]
+            for p in (
+                "open/mini/sao/seed0/metrics.jsonl",
+                "open/mini/sao/seed0/train.log",
+                "private/mini/sao/seed0/metrics.jsonl",
+                "shut/mini/sao/seed0/events.log",
+            )
+        }
     finally:
         srv.shutdown()
         srv.server_close()
@@ -377,6 +426,7 @@ def as_other_user(fn, *args) -> dict:
 def closed_tree():
     "Runs served to another user: one open, one 0700, one 000, one below a 0700 folder, and a 0600 file in the open one."
     import tempfile
+
     root = Path(tempfile.mkdtemp(prefix="sao-monitor-", dir="/tmp"))  # not under pytest's 0700 folder
     root.chmod(0o755)
     for name in ("open", "private", "closed", "shut"):
@@ -398,6 +448,7 @@ def closed_tree():
 def test_the_monitor_serves_only_what_its_user_may_read():
     "Run by another user (nobody, when the tests run as root): the closed runs and the closed file are neither listed nor served."
     import shutil
+
     root = closed_tree()
     read_as_served(root)  # imports everything the child needs before it gives up root
     try:
@@ -408,18 +459,34 @@ def test_the_monitor_serves_only_what_its_user_may_read():
         shutil.rmtree(root)
     assert out["uid"] != 0
     assert out["state"] == ["open/mini/sao/seed0"] and out["api_runs"] == [200, ["open/mini/sao/seed0"]]
-    assert out["files"]["open/mini/sao/seed0"] == ["open/mini/sao/seed0/events.log", "open/mini/sao/seed0/metrics.jsonl"]
-    assert out["metrics"] == {"open/mini/sao/seed0": True, "private/mini/sao/seed0": False,
-                              "closed/mini/sao/seed0": False, "shut/mini/sao/seed0": False}
-    assert out["api_metrics"] == {"open/mini/sao/seed0": 200, "private/mini/sao/seed0": 404,
-                                  "closed/mini/sao/seed0": 404, "shut/mini/sao/seed0": 404}
-    assert out["api_files"] == {"open/mini/sao/seed0/metrics.jsonl": 200, "open/mini/sao/seed0/train.log": 404,
-                                "private/mini/sao/seed0/metrics.jsonl": 404, "shut/mini/sao/seed0/events.log": 404}
+    assert out["files"]["open/mini/sao/seed0"] == [
+        "open/mini/sao/seed0/events.log",
+        "open/mini/sao/seed0/metrics.jsonl",
+    ]
+    assert out["metrics"] == {
+        "open/mini/sao/seed0": True,
+        "private/mini/sao/seed0": False,
+        "closed/mini/sao/seed0": False,
+        "shut/mini/sao/seed0": False,
+    }
+    assert out["api_metrics"] == {
+        "open/mini/sao/seed0": 200,
+        "private/mini/sao/seed0": 404,
+        "closed/mini/sao/seed0": 404,
+        "shut/mini/sao/seed0": 404,
+    }
+    assert out["api_files"] == {
+        "open/mini/sao/seed0/metrics.jsonl": 200,
+        "open/mini/sao/seed0/train.log": 404,
+        "private/mini/sao/seed0/metrics.jsonl": 404,
+        "shut/mini/sao/seed0/events.log": 404,
+    }
 
 
 def test_a_root_monitor_serves_no_run_closed_by_its_mode(tmp_path):
     "Started as root, whose override could read anything, the monitor still follows the mode bits: a 000 run is not served."
     from sao_repro.monitor.data import MonitorState
+
     a, b = write_run(tmp_path / "runs", "sao", 0), write_run(tmp_path / "runs", "grpo", 1)
     st = MonitorState(tmp_path / "runs", refresh_s=0.0)
     assert [r["run"] for r in st.runs()] == ["mini/grpo/seed1", "mini/sao/seed0"]

@@ -3,6 +3,7 @@
 Chromium is the system's, driven by Playwright (tests/browser.py): no browser download.
 The screenshot is kept at artifacts/monitor.png (or $SAO_ARTIFACTS/monitor.png).
 """
+
 import contextlib
 import json
 import os
@@ -42,7 +43,7 @@ STATE_JS = """(() => {
 
 
 def rgb(hex_color):
-    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
 
 
 def wait_for(page, pred, timeout, what):
@@ -51,7 +52,7 @@ def wait_for(page, pred, timeout, what):
     while time.monotonic() < deadline:
         try:
             state = page.evaluate(STATE_JS)
-        except Exception as e:       # the page is between documents (navigation in flight)
+        except Exception as e:  # the page is between documents (navigation in flight)
             state = str(e)
         if isinstance(state, dict) and pred(state):
             return state
@@ -62,32 +63,68 @@ def wait_for(page, pred, timeout, what):
 def test_monitor_page_updates_live(tmp_path):
     logs = tmp_path / "runs"
     logs.mkdir()
-    writer = subprocess.Popen([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs),
-                               "--runs", "sao:0,grpo:0", "--steps", "45", "--interval", "0.2",
-                               "--nan-run", "grpo:0", "--nan-at", "30"])
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "fake_testbed.py"),
+            "--out",
+            str(logs),
+            "--runs",
+            "sao:0,grpo:0",
+            "--steps",
+            "45",
+            "--interval",
+            "0.2",
+            "--nan-run",
+            "grpo:0",
+            "--nan-at",
+            "30",
+        ]
+    )
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
     browser = contextlib.ExitStack()
     chrome = browser.enter_context(open_page())
     try:
         chrome.goto(srv.url)
         sao, grpo = "mini/sao/seed0", "mini/grpo/seed0"
-        first = wait_for(chrome, lambda s: s["points"].get("acc", 0) > 0 and len(s["flags"]) == 2, 30,
-                         "the first points of both runs")
+        first = wait_for(
+            chrome,
+            lambda s: s["points"].get("acc", 0) > 0 and len(s["flags"]) == 2,
+            30,
+            "the first points of both runs",
+        )
         assert first["flags"][sao] == "" and first["flags"][grpo] == ""
-        assert set(first["points"]) >= {"acc", "reward/mean", "dis/kept_frac", "dis/masked_frac",
-                                        "critic/explained_var", "rollout/resp_len", "rollout/policy_lag"}
+        assert set(first["points"]) >= {
+            "acc",
+            "reward/mean",
+            "dis/kept_frac",
+            "dis/masked_frac",
+            "critic/explained_var",
+            "rollout/resp_len",
+            "rollout/policy_lag",
+        }
         # smoothed by default (EMA span 20), raw points drawn behind, the report's colour per setting
         assert chrome.evaluate("document.getElementById('smooth').value") == str(SMOOTH_STEPS) == "20"
-        assert chrome.evaluate("+document.querySelector('canvas[data-metric=acc]').dataset.rawPoints") == first["points"]["acc"]
-        swatches = chrome.evaluate("[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
-                               "getComputedStyle(s.querySelector('i')).backgroundColor])")
+        assert (
+            chrome.evaluate("+document.querySelector('canvas[data-metric=acc]').dataset.rawPoints")
+            == first["points"]["acc"]
+        )
+        swatches = chrome.evaluate(
+            "[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
+            "getComputedStyle(s.querySelector('i')).backgroundColor])"
+        )
         assert dict(swatches) == {s: "rgb(%d, %d, %d)" % rgb(setting_color(s)) for s in ("sao", "grpo")}
-        later = wait_for(chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30,
-                         "the accuracy plot to grow")
+        later = wait_for(
+            chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30, "the accuracy plot to grow"
+        )
         assert later["polls"] > first["polls"]
         assert writer.wait(timeout=60) == 0
-        done = wait_for(chrome, lambda s: "finished" in s["flags"][sao] and "crashed" in s["flags"][grpo], 20,
-                        "the finished / nan / crashed flags")
+        done = wait_for(
+            chrome,
+            lambda s: "finished" in s["flags"][sao] and "crashed" in s["flags"][grpo],
+            20,
+            "the finished / nan / crashed flags",
+        )
         assert set(done["flags"][grpo].split()) == {"nan", "crashed"}
         assert done["flags"][sao] == "finished"
         assert done["points"]["acc"] == 45 + 30
@@ -112,8 +149,21 @@ def monitor_of_finished_runs(tmp_path, steps):
     "The monitor, served from this process, over two finished fake runs (sao and grpo, seed 0) of `steps` steps."
     logs = tmp_path / "runs"
     logs.mkdir()
-    subprocess.run([sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0",
-                    "--steps", str(steps), "--interval", "0"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "fake_testbed.py"),
+            "--out",
+            str(logs),
+            "--runs",
+            "sao:0,grpo:0",
+            "--steps",
+            str(steps),
+            "--interval",
+            "0",
+        ],
+        check=True,
+    )
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
     try:
         yield srv
@@ -126,6 +176,7 @@ def monitor_screenshot_command():
     "The monitor notebook's screenshot command (its docs page, under 'Watching runs live'), as argv."
     import json
     import shlex
+
     nb = json.loads((HERE.parent / "nbs" / "67_monitor.ipynb").read_text())
     text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     block = text.split("## Watching runs live", 1)[1]
@@ -136,12 +187,15 @@ def monitor_screenshot_command():
 def test_documented_screenshot_command_waits_for_the_data(tmp_path):
     "The documented chromium command, pointed at a monitor over finished runs, shows their curves, not 'loading'."
     from PIL import Image
+
     with monitor_of_finished_runs(tmp_path, 60) as srv:
         argv = monitor_screenshot_command()
         assert any(a.startswith("--virtual-time-budget=") for a in argv)
         png = tmp_path / "monitor.png"
-        argv = [CHROMIUM] + [f"--screenshot={png}" if a.startswith("--screenshot=") else srv.url if a.startswith("http")
-                             else a for a in argv[1:]]
+        argv = [CHROMIUM] + [
+            f"--screenshot={png}" if a.startswith("--screenshot=") else srv.url if a.startswith("http") else a
+            for a in argv[1:]
+        ]
         with tempfile.TemporaryDirectory() as prof:
             subprocess.run(argv + [f"--user-data-dir={prof}"], check=True, timeout=120, capture_output=True)
     im = Image.open(png).convert("RGB")
@@ -162,23 +216,53 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
     try:
         chrome = browser.enter_context(open_page())
         chrome.goto(srv.url)
-        t0 = time.monotonic()  # the page polls before the run starts: a loaded machine's slow browser start cannot miss it
+        t0 = (
+            time.monotonic()
+        )  # the page polls before the run starts: a loaded machine's slow browser start cannot miss it
         while time.monotonic() - t0 < 60 and not ((chrome.evaluate(STATE_JS) or {}).get("polls", 0) >= 1):
             time.sleep(0.2)
-        run = subprocess.Popen([sys.executable, "-c", "import sys; from sao_repro.mini.cli import run_main; "
-                                "sys.exit(run_main(sys.argv[1:]))", "--setting", "sao", "--out", str(logs),
-                                "--preset", "smoke", "--traj-per-step", "16", "--eval-every", "10", "--eval-n", "32",
-                                "--ckpt-every", "30", "--steps", "60", "--threads", "1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from sao_repro.mini.cli import run_main; sys.exit(run_main(sys.argv[1:]))",
+                "--setting",
+                "sao",
+                "--out",
+                str(logs),
+                "--preset",
+                "smoke",
+                "--traj-per-step",
+                "16",
+                "--eval-every",
+                "10",
+                "--eval-n",
+                "32",
+                "--ckpt-every",
+                "30",
+                "--steps",
+                "60",
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         name = "mini/sao/seed0"
         seen = []
         metrics = logs / "mini" / "sao" / "seed0" / "metrics.jsonl"
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 180 and run.poll() is None and not (metrics.is_file() and len(metrics.read_bytes().splitlines()) >= 3):
+        while (
+            time.monotonic() - t0 < 180
+            and run.poll() is None
+            and not (metrics.is_file() and len(metrics.read_bytes().splitlines()) >= 3)
+        ):
             time.sleep(0.05)
         assert run.poll() is None, f"the run ended before it was part-way: {run.stderr.read()}"
         os.killpg(run.pid, signal.SIGSTOP)  # held part-way (the run and its kernel) until the page has shown it so:
-        try:                                # the page must follow a running run on a machine of any speed, not catch it by luck
+        try:  # the page must follow a running run on a machine of any speed, not catch it by luck
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60:
                 s = chrome.evaluate(STATE_JS)
@@ -201,14 +285,18 @@ def test_monitor_page_follows_a_real_testbed_run(tmp_path):
         assert seen and seen[-1][0] == 60, seen[-5:]
         flags = set(seen[-1][1].split())
         from sao_repro.metrics.health import SAO_FLAGS
+
         assert "finished" in flags and flags - {"finished"} <= set(SAO_FLAGS), flags  # no crash, NaN or OOM flag
         ms = [json.loads(l) for l in (logs / "mini" / "sao" / "seed0" / "metrics.jsonl").read_text().splitlines()]
         degenerate = any(m.get("critic/returns_std", 1.0) <= 1e-12 for m in ms)  # a batch whose returns were all equal
         assert ("degenerate_returns" in flags) == degenerate, (flags, degenerate)
         growing = sorted({p for p, f in seen if 0 < p < 60})
-        assert growing, f"never saw the run part-way: {seen}"          # the page updated while the run was going
-        assert any("finished" not in f.split() and set(f.split()) <= set(SAO_FLAGS)  # running: not finished, at most a
-                   for p, f in seen if p < 60)                                      # health flag, before it finished
+        assert growing, f"never saw the run part-way: {seen}"  # the page updated while the run was going
+        assert any(
+            "finished" not in f.split() and set(f.split()) <= set(SAO_FLAGS)  # running: not finished, at most a
+            for p, f in seen
+            if p < 60
+        )  # health flag, before it finished
         shot = chrome.screenshot()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "monitor_testbed.png").write_bytes(shot)
@@ -225,7 +313,9 @@ def test_monitor_page_shows_a_starved_critic_flag(tmp_path):
     "A synthetic starved-critic run (critic grad norm 7 against its clip 1 from step 3): the page shows the flag, visibly."
     d = tmp_path / "runs" / "mini" / "sao" / "seed0"
     d.mkdir(parents=True)
-    rows = [{"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 9)]
+    rows = [
+        {"step": s, "acc": 0.5, "critic/grad_norm": 7.0 if s > 2 else 0.5, "critic/grad_clip": 1.0} for s in range(1, 9)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     healthy = tmp_path / "runs" / "mini" / "sao" / "seed1"
     healthy.mkdir(parents=True)
@@ -270,6 +360,7 @@ def _apart(a, b):
 def test_every_chart_names_its_axes(tmp_path, width):
     "Each chart has an x-axis title (training step) and a y-axis title with its unit, shown as text beside the plot."
     from sao_repro.monitor.page import CHARTS
+
     with monitor_of_finished_runs(tmp_path, 30) as srv, open_page(width, 1500) as chrome:
         chrome.goto(srv.url)
         wait_for(chrome, lambda s: s["points"].get("acc", 0) == 60, 30, "both runs' accuracy")
@@ -289,8 +380,10 @@ def test_every_chart_names_its_axes(tmp_path, width):
         assert x["box"]["w"] > 3 * x["box"]["h"] > 20, (c["metric"], x["box"])  # a line of text across ...
         assert y["box"]["h"] > 3 * y["box"]["w"] > 20, (c["metric"], y["box"])  # ... and one turned upright
         # x below the plot, within its width; y left of it, turned (taller than wide), within its height
-        assert x["box"]["t"] >= plot["b"] - 0.5 and plot["l"] - 0.5 <= x["box"]["l"] and x["box"]["r"] <= plot["r"] + 0.5
+        assert (
+            x["box"]["t"] >= plot["b"] - 0.5 and plot["l"] - 0.5 <= x["box"]["l"] and x["box"]["r"] <= plot["r"] + 0.5
+        )
         assert y["box"]["r"] <= plot["l"] + 0.5, (c["metric"], y["box"], plot)
         assert plot["t"] - 0.5 <= y["box"]["t"] and y["box"]["b"] <= plot["b"] + 0.5, (c["metric"], y["box"], plot)
         boxes = [plot, x["box"], y["box"], c["title"]]
-        assert all(_apart(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), c["metric"]  # nothing drawn over
+        assert all(_apart(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]), c["metric"]  # nothing drawn over

@@ -1,5 +1,6 @@
 """README.md is generated from nbs/index.ipynb: it is what the notebook gives, the notebook's outputs are what its
 commands print, nbdev's own commands cannot rewrite it, and every link and `make` target it names exists."""
+
 import json
 import os
 import re
@@ -27,9 +28,14 @@ def test_readme_check_fails_on_a_hand_edit(tmp_path):
     assert D.docs_main(["--root", str(tmp_path), "--check-readme"]) == 1
 
 
-def _outputs(nb:dict) -> list[str]:
-    return ["".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-                    for o in c["outputs"]).replace("\r\n", "\n") for c in nb["cells"] if c["cell_type"] == "code"]
+def _outputs(nb: dict) -> list[str]:
+    return [
+        "".join(
+            "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for o in c["outputs"]
+        ).replace("\r\n", "\n")
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+    ]
 
 
 def test_index_outputs_are_what_its_commands_print(tmp_path):
@@ -43,8 +49,11 @@ def test_index_outputs_are_what_its_commands_print(tmp_path):
     assert _outputs(fresh) == _outputs(saved)
     assert all(_outputs(saved)), "every code cell of the index has a saved output"
     from sao_repro.settings import list_settings
+
     table = _outputs(saved)[0]
-    assert [l.split()[0] for l in table.split("\n\n")[0].splitlines()[1:]] == list(list_settings())  # the first block: the settings
+    assert [l.split()[0] for l in table.split("\n\n")[0].splitlines()[1:]] == list(
+        list_settings()
+    )  # the first block: the settings
     assert table in D.readme_markdown(ROOT).replace("\n    ", "\n")
 
 
@@ -52,10 +61,13 @@ def test_nbdev_commands_leave_the_readme_alone(monkeypatch):
     "nbdev-readme (run by nbdev-prepare and nbdev-docs) finds no readme notebook and returns before rendering."
     import nbdev.quarto as Q
     from nbdev.config import get_config
+
     cfg = get_config(ROOT)
     assert not (cfg.nbs_path / cfg.readme_nb).exists() and not (ROOT / cfg.readme_nb).exists()
+
     def fail(*a, **k):
         raise AssertionError("nbdev-readme tried to render README.md")
+
     monkeypatch.setattr(Q, "proc_nbs", fail)
     monkeypatch.setattr(Q, "_sprun", fail)
     before = (ROOT / "README.md").read_bytes()
@@ -79,14 +91,20 @@ def test_readme_is_short_and_everything_it_names_exists():
     targets = sorted(set(re.findall(r"(?:`|^)make ([\w-]+)", readme, flags=re.M)))
     assert {"study", "test"} <= set(targets)
     for t in targets:
-        r = subprocess.run(["make", "-n", t], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, "VENV": str(ROOT / ".no-such-venv")})
+        r = subprocess.run(
+            ["make", "-n", t],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "VENV": str(ROOT / ".no-such-venv")},
+        )
         assert r.returncode == 0, (t, r.stderr)
     from sao_repro.report.layout import layer_table
+
     assert layer_table(ROOT) in readme  # the layer table, generated from the tree, its links from the repository root
 
 
-def _code_lines(md:str) -> list[str]:
+def _code_lines(md: str) -> list[str]:
     "The lines of the markdown's code blocks: fenced (``` or ~~~) and indented by four spaces."
     out, fence = [], None
     for line in md.splitlines():
@@ -106,7 +124,9 @@ def test_readme_shows_shell_lines_as_shell_commands():
     "A notebook's `!cmd` cell is in the README as `cmd` in a bash block (the notebook still runs it), its output below."
     readme = (ROOT / "README.md").read_text()
     nb = json.loads((ROOT / D.README_NB).read_text())
-    shell = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("!")]
+    shell = [
+        "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("!")
+    ]
     assert shell, "the index notebook runs a command with a ! line"
     assert not [l for l in _code_lines(readme) if l.lstrip().startswith("!")]
     for src in shell:

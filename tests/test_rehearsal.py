@@ -1,5 +1,6 @@
 """The cluster path on a CPU: `sao-repro rehearse` drives AReaL 1.0.4's own PPOTrainer through
 `python -m sao_repro.areal.train` for every setting, and the mechanics are read back from the runs' own logs."""
+
 import json
 import math
 import os
@@ -19,6 +20,7 @@ from sao_repro.settings import get_setting, list_settings
 needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
 try:
     from sao_repro.areal.vllm_server import server_python
+
     server_python()
     NO_VLLM = ""
 except FileNotFoundError as e:
@@ -41,6 +43,7 @@ def events(run_dir):
 
 
 # ---------------------------------------------------------------- bad input: exit 2, nothing written
+
 
 def test_unknown_setting_is_refused(tmp_path):
     p = cli("--setting", "ppo", "--out", str(tmp_path))
@@ -92,8 +95,9 @@ def test_resume_needs_the_options_the_run_started_with(tmp_path):
     d = tmp_path / "areal" / "sao" / "seed1"
     d.mkdir(parents=True)
     (d / "metrics.jsonl").write_text('{"step": 1}\n')
-    (d / "config.json").write_text(json.dumps({"rehearsal": {"engine": "vllm", "engine_dtype": "bfloat16"},
-                                               "sao": {"critic_freeze": "attention"}}))
+    (d / "config.json").write_text(
+        json.dumps({"rehearsal": {"engine": "vllm", "engine_dtype": "bfloat16"}, "sao": {"critic_freeze": "attention"}})
+    )
     p = cli("--setting", "sao", "--out", str(tmp_path), "--resume")
     assert p.returncode == 2 and "started with --engine-dtype bfloat16, --critic-freeze attention" in p.stderr, p.stderr
     assert [l for l in (d / "metrics.jsonl").read_text().splitlines()] == ['{"step": 1}']  # untouched
@@ -109,6 +113,7 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
 
 
 # ---------------------------------------------------------------- the five settings through AReaL's trainer
+
 
 @pytest.fixture(scope="module")
 def rehearsed(tmp_path_factory):
@@ -163,15 +168,18 @@ def test_sao_warmup_critic_passes_and_explained_variance(rehearsed):
 @needs_areal
 @pytest.mark.slow
 def test_sao_trains_a_frozen_attention_critic_in_areal(rehearsed, tmp_path):
-    "--critic-freeze attention: AReaL's critic engine froze q/k/v/o before its optimizer; after 12 steps (the resume "
+    "--critic-freeze attention: AReaL's critic engine froze q/k/v/o before its optimizer; after 12 steps (the resume"
     "included) its recover checkpoint holds those weights equal to the tiny model's, bit for bit, and no optimizer state for them, while its MLP moved."
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from sao_repro.areal.tiny import tiny_assets
+
     d = run_dir(rehearsed, "sao")
     assert json.loads((d / "config.json").read_text())["sao"]["critic_freeze"] == "attention"
-    assert json.loads((run_dir(rehearsed, "grpo") / "config.json").read_text())["sao"]["critic_freeze"] == "none"  # no critic
+    assert (
+        json.loads((run_dir(rehearsed, "grpo") / "config.json").read_text())["sao"]["critic_freeze"] == "none"
+    )  # no critic
     init = load_file(tiny_assets() / "model" / "model.safetensors")
     attn, mlp = [n for n in init if ".self_attn." in n], [n for n in init if ".mlp." in n]
     assert f"sao: critic_freeze=attention: {len(attn)} parameter tensors frozen" in (d / "main.log").read_text()
@@ -183,7 +191,9 @@ def test_sao_trains_a_frozen_attention_critic_in_areal(rehearsed, tmp_path):
     assert attn and mlp and set(attn + mlp) <= set(model), sorted(model)[:20]
     assert all(torch.equal(model[n], init[n]) for n in attn)  # frozen through 12 steps and a resume
     assert any(not torch.equal(model[n], init[n]) for n in mlp)  # the MLP trained
-    assert not [n for n in state if ".self_attn." in n] and all(n in state for n in mlp)  # AdamW holds no state for frozen weights
+    assert not [n for n in state if ".self_attn." in n] and all(
+        n in state for n in mlp
+    )  # AdamW holds no state for frozen weights
 
 
 @needs_areal
@@ -194,7 +204,9 @@ def test_dis_masks_exactly_what_areal_masked(rehearsed):
         for r in rows(run_dir(rehearsed, s)):
             if "areal/ppo_actor/update/unclipped_behave_tokens" not in r:
                 continue
-            theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
+            theirs = (
+                1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
+            )
             assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6), (s, r["step"])
             checked += 1
         assert checked >= 2, s
@@ -210,7 +222,10 @@ BIW = "areal/ppo_actor/update/behave_imp_weight/"
 def recomputes(setting):
     "Does the setting's cluster config recompute the trainer's log-probs (the only way the gap can be measured)?"
     import yaml
-    return bool(yaml.safe_load((ROOT / "configs" / f"phase2_hard_{setting}.yaml").read_text())["actor"]["recompute_logprob"])
+
+    return bool(
+        yaml.safe_load((ROOT / "configs" / f"phase2_hard_{setting}.yaml").read_text())["actor"]["recompute_logprob"]
+    )
 
 
 def check_engine_agrees(rs, tol=1e-4, measured=True):
@@ -219,7 +234,9 @@ def check_engine_agrees(rs, tol=1e-4, measured=True):
     for r in rs:
         v = r["areal/rollout/trainer_version"]
         assert v == r["step"] - 1  # the weight version advances every step
-        assert 0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v  # no token from weights AReaL has not made
+        assert (
+            0 <= r["areal/rollout/version_min"] <= r["areal/rollout/version_max"] <= v
+        )  # no token from weights AReaL has not made
         if GAP in r:
             assert r[GAP] < tol, (r["step"], r[GAP])
         if measured:  # the gap is logged exactly when the batch holds tokens of the trainer's own version
@@ -249,19 +266,29 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
     for s in list_settings():
         d = run_dir(rehearsed, s)
         assert json.loads((d / "config.json").read_text())["sao"]["rollout_ahead"] is True
-        ahead = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "rollout_ahead"]
+        ahead = [
+            json.loads(l.split("\t")[2])
+            for l in (d / "events.log").read_text().splitlines()
+            if l.split("\t")[1] == "rollout_ahead"
+        ]
         assert ahead and all(a["applied"] and a["max_head_offpolicyness"] == ETA for a in ahead), (s, ahead)
         rs = rows(d)[:3]  # the first call's 3 steps (sao's resume to 12 starts a new process: its lag restarts at 0)
         assert [lag(r) for r in rs] == [0.0, 1.0, float(ETA)], (s, [lag(r) for r in rs])  # the whole window is used
         assert all(lag(r) <= ETA for r in rows(d)), s
-    for s in ("grpo_dis", "single_dis", "sao"):  # decoupled loss + DIS on the old tokens of every step with a policy update
+    for s in (
+        "grpo_dis",
+        "single_dis",
+        "sao",
+    ):  # decoupled loss + DIS on the old tokens of every step with a policy update
         old = [r for r in rows(run_dir(rehearsed, s)) if lag(r) >= 1 and r["actor/warmup"] == 0.0]
         assert old and all(BIW + "min" in r and "dis/masked_frac" in r for r in old), s
         # where the policy moved between the versions (not across sao's critic-only warmup, nor after a step whose
         # advantages were all 0), AReaL's behave weights and the engine-trainer k3 KL leave 1 and 0
         moved = [r for r in old if max(1 - r[BIW + "min"], r[BIW + "max"] - 1) > 1e-3]
-        assert moved and all(r.get("mismatch/k3_kl_all", r.get("areal/mismatch/k3_kl_all")) > 1e-6 for r in moved), \
-            (s, [(r["step"], r[BIW + "min"], r[BIW + "max"]) for r in old])
+        assert moved and all(r.get("mismatch/k3_kl_all", r.get("areal/mismatch/k3_kl_all")) > 1e-6 for r in moved), (
+            s,
+            [(r["step"], r[BIW + "min"], r[BIW + "max"]) for r in old],
+        )
 
 
 @needs_areal
@@ -273,7 +300,9 @@ def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed)
         if s in ("grpo_dis", "single_dis"):
             assert all(BIW + "min" in r for r in rs), s  # AReaL's own importance weights, at every step
         # every run's first batch came from version 0, the initial weights the shared server was reset to
-        assert rs[0]["areal/rollout/version_max"] == 0.0 and (rs[0][GAP] < 1e-4 if recomputes(s) else GAP not in rs[0]), s
+        assert rs[0]["areal/rollout/version_max"] == 0.0 and (
+            rs[0][GAP] < 1e-4 if recomputes(s) else GAP not in rs[0]
+        ), s
     # a weight update landing mid-generation (pause / continue: aborted, resubmitted) depends on the load here; each
     # segment's version is checked deterministically against AReaL's own agenerate in tests/test_areal_guards.py
     log = (rehearsed / "areal" / "vllm_server.log").read_text()
@@ -292,12 +321,18 @@ def test_bfloat16_engine_gives_a_real_mismatch_and_dis_counts_it_as_areal_does(t
     rs = rows(d)
     assert [r["step"] for r in rs] == [1, 2, 3]
     assert all(max(abs(r[BIW + "min"] - 1), abs(r[BIW + "max"] - 1)) > 1e-4 for r in rs)  # differ from 1 at every step
-    assert all(max(r.get(GAP, 0.0), r.get("areal/rollout/logp_gap_old_max", 0.0)) > 1e-4 for r in rs)  # bfloat16 vs float32
+    assert all(
+        max(r.get(GAP, 0.0), r.get("areal/rollout/logp_gap_old_max", 0.0)) > 1e-4 for r in rs
+    )  # bfloat16 vs float32
     for r in rs:  # whatever DIS masks, it is what AReaL's rejection sampling left out
         theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
         assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6)
-    print("bfloat16 DIS masked fractions, as measured:", [r["dis/masked_frac"] for r in rs],
-          "importance weights:", [(r[BIW + "min"], r[BIW + "max"]) for r in rs])
+    print(
+        "bfloat16 DIS masked fractions, as measured:",
+        [r["dis/masked_frac"] for r in rs],
+        "importance weights:",
+        [(r[BIW + "min"], r[BIW + "max"]) for r in rs],
+    )
 
 
 @needs_areal
@@ -317,6 +352,7 @@ def test_stand_in_noise_gives_dis_tokens_to_mask(tmp_path):
 def server_group(out):
     "The process group of the last vLLM server a rehearsal into `out` started (from its log)."
     import re
+
     pids = re.findall(r"vLLM server pid (\d+)", (Path(out) / "areal" / "vllm_server.log").read_text())
     return int(pids[-1]) if pids else None
 
@@ -324,6 +360,7 @@ def server_group(out):
 def group_alive(pgid):
     "Live (not zombie) processes of a process group."
     import psutil
+
     alive = []
     for p in psutil.process_iter(["status"]):
         try:
@@ -369,11 +406,15 @@ def test_server_too_slow_to_start_ends_cleanly(tmp_path):
 @needs_vllm
 @pytest.mark.slow
 def test_kill_9_of_rehearse_during_server_start_leaves_nothing(tmp_path):
-    proc = subprocess.Popen([*CLI, "--setting", "grpo", "--steps", "2", "--out", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CLI, "--setting", "grpo", "--steps", "2", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     log = tmp_path / "areal" / "vllm_server.log"
     assert wait_for(lambda: log.is_file() and "EngineCore" in log.read_text(), 300)  # its engine process is up
     import re
+
     port = re.findall(r"vLLM server on port (\d+)", log.read_text())[-1]
     with pytest.raises(OSError):  # and it is not serving yet: still starting up
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
@@ -381,7 +422,9 @@ def test_kill_9_of_rehearse_during_server_start_leaves_nothing(tmp_path):
     proc.wait()
     assert group_gone(server_group(tmp_path), 30)  # API server, engine and worker
     d = run_dir(tmp_path, "grpo")
-    assert wait_for(lambda: subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1, 30)
+    assert wait_for(
+        lambda: subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1, 30
+    )
 
 
 @needs_areal
@@ -389,8 +432,12 @@ def test_kill_9_of_rehearse_during_server_start_leaves_nothing(tmp_path):
 @pytest.mark.slow
 def test_server_killed_mid_run_ends_the_rehearsal_naming_its_log(tmp_path):
     d = run_dir(tmp_path, "grpo_dis")
-    proc = subprocess.Popen([*CLI, "--setting", "grpo_dis", "--steps", "8", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "--setting", "grpo_dis", "--steps", "8", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert wait_for(lambda: (d / "metrics.jsonl").is_file() and len(rows(d)) >= 1, 600)
     pgid = server_group(tmp_path)
     os.kill(pgid, signal.SIGKILL)  # the API server
@@ -405,6 +452,7 @@ def test_server_killed_mid_run_ends_the_rehearsal_naming_its_log(tmp_path):
 @pytest.mark.slow
 def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
     from sao_repro.monitor import serve_in_thread
+
     srv = serve_in_thread(str(rehearsed))
     try:
         runs = json.loads(urllib.request.urlopen(srv.url + "api/runs", timeout=30).read())
@@ -413,8 +461,22 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
     runs = runs.get("runs", runs) if isinstance(runs, dict) else runs
     assert len(runs) == 5
     assert all(r["flags"]["finished"] for r in runs), runs
-    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "report", "--runs", str(rehearsed), "--out",
-                        str(tmp_path / "rep"), "--format", "html"], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sao_repro.cli",
+            "report",
+            "--runs",
+            str(rehearsed),
+            "--out",
+            str(tmp_path / "rep"),
+            "--format",
+            "html",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     html = next((tmp_path / "rep").rglob("*.html")).read_text()
     assert all(s in html for s in list_settings())
@@ -449,8 +511,12 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
     setting = "running_mean"
     out = tmp_path / "r"
     d = run_dir(out, setting)
-    proc = subprocess.Popen([*CLI, "--setting", setting, "--steps", "4", "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "--setting", setting, "--steps", "4", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     t0 = time.time()
     while time.time() - t0 < 300:
         if (d / "metrics.jsonl").is_file() and len(rows(d)) >= 2:
@@ -461,7 +527,10 @@ def test_kill_mid_run_then_resume_logs_each_step_once(tmp_path):
     if not NO_VLLM:
         assert group_gone(server_group(out))  # and so does the server
     t0 = time.time()  # the trainer dies with the rehearsal: nothing goes on writing into the run
-    while subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 0 and time.time() - t0 < 20:
+    while (
+        subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 0
+        and time.time() - t0 < 20
+    ):
         time.sleep(0.2)
     assert subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1
     assert 2 <= len(rows(d)) < 4
@@ -503,8 +572,11 @@ def hooked_env(tmp_path, module, patch, env_var, value):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(IMPORT_HOOK.format(patch=patch, module=module, env=env_var))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            env_var: value}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        env_var: value,
+    }
 
 
 AREAL_TAG_STALENESS = """
@@ -517,13 +589,20 @@ def kill_9_and_resume(tmp_path, setting, steps, kill_after, env=None):
     "A rehearsal killed with kill -9 once `kill_after` steps are logged, then resumed to `steps`; (rows before, rows after)."
     out = tmp_path / "r"
     d = run_dir(out, setting)
-    proc = subprocess.Popen([*CLI, "--setting", setting, "--steps", str(steps), "--out", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "--setting", setting, "--steps", str(steps), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert wait_for(lambda: (d / "metrics.jsonl").is_file() and len(rows(d)) >= kill_after, 900)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert group_gone(server_group(out))  # the server goes with it
-    assert wait_for(lambda: subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1, 30)
+    assert wait_for(
+        lambda: subprocess.run(["pgrep", "-f", f"sao.run_dir={d}"], capture_output=True).returncode == 1, 30
+    )
     before = rows(d)
     p = cli("--setting", setting, "--steps", str(steps), "--out", str(out), "--resume", env=env, timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -539,14 +618,22 @@ def test_kill_9_and_resume_hold_the_staleness_bound(tmp_path):
     recover fix (PR 1345, in PyPI's 1.0.4) is taken out for this run, as in the v1.0.4 tag: the guard alone holds the
     bound. Without it the window after a resume at version v is v batches too wide and the lag grows one version a step
     from the resume on (0, 1, 2, 3, ...), past the bound from the 4th step after it: hence 9 steps."""
-    env = hooked_env(tmp_path, "areal.infra.staleness_manager", AREAL_TAG_STALENESS, "SAO_TEST_AREAL_TAG_STALENESS", "1")
+    env = hooked_env(
+        tmp_path, "areal.infra.staleness_manager", AREAL_TAG_STALENESS, "SAO_TEST_AREAL_TAG_STALENESS", "1"
+    )
     before, rs, d = kill_9_and_resume(tmp_path, "grpo_dis", 9, 4, env)
-    assert 4 <= len(before) < 9 and max(lag(r) for r in before) == ETA, [lag(r) for r in before]  # ran ahead before the kill
+    assert 4 <= len(before) < 9 and max(lag(r) for r in before) == ETA, [
+        lag(r) for r in before
+    ]  # ran ahead before the kill
     assert [r["step"] for r in rs] == list(range(1, 10))
     assert all(lag(r) <= ETA for r in rs), [lag(r) for r in rs]
     assert max(lag(r) for r in rs[-4:]) == ETA, [lag(r) for r in rs]  # and again after the resume
     assert "resume" in events(d)
-    guard = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "guard_staleness"]
+    guard = [
+        json.loads(l.split("\t")[2])
+        for l in (d / "events.log").read_text().splitlines()
+        if l.split("\t")[1] == "guard_staleness"
+    ]
     assert guard and guard[-1]["acted"] and guard[-1]["accepted_before"] == 0, guard  # AReaL (as tagged) left it at 0
     check_engine_agrees(rs)  # the resumed weights reached the new server before its first batch
     print("mismatch/lag_max by step (killed after", len(before), "):", [lag(r) for r in rs])
@@ -584,12 +671,17 @@ def test_kill_while_a_recover_checkpoint_is_written_resumes_from_the_one_before(
     assert [r["step"] for r in rows(d)] == [1, 2, 3]
     ev = events(d)
     assert "recover_restored" in ev and ev.index("recover_restored") < ev.index("resume") and ev[-1] == "finish"
-    resume = [json.loads(l.split("\t")[2]) for l in (d / "events.log").read_text().splitlines() if l.split("\t")[1] == "resume"]
+    resume = [
+        json.loads(l.split("\t")[2])
+        for l in (d / "events.log").read_text().splitlines()
+        if l.split("\t")[1] == "resume"
+    ]
     assert resume == [{"step": 1, "dropped_lines": 1, "critic_restored": True}]  # AReaL alone reloads only the actor
     assert not [p for p in out.rglob("*") if p.suffix in (".prev", ".old")]
 
 
 # ---------------------------------------------------------------- AReaL's single controller: local and Ray schedulers
+
 
 @needs_areal
 @pytest.mark.slow
@@ -612,26 +704,49 @@ def test_cpu_rehearsal_launch_takes_the_cluster_steps_on_ray(tmp_path):
         pytest.skip("a Ray cluster is already running here; the launch would reuse it")
     out = tmp_path / "runs"
     summary = tmp_path / "summary.json"
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "launch_experiment.sh"), str(ROOT / "configs" / "phase2_hard_sao.yaml"),
-                        "total_train_steps=2", "--rehearsal-out", str(out), "--summary-json", str(summary)],
-                       capture_output=True, text=True, env={**os.environ, "CPU_REHEARSAL": "1"}, timeout=900)
+    p = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "launch_experiment.sh"),
+            str(ROOT / "configs" / "phase2_hard_sao.yaml"),
+            "total_train_steps=2",
+            "--rehearsal-out",
+            str(out),
+            "--summary-json",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CPU_REHEARSAL": "1"},
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     steps = {s["step"]: s["status"] for s in json.loads(summary.read_text())[0]["steps"]}
-    assert steps == {"preflight": "ok", "ray-up": "ok", "reward-up": "ok", "train": "ok", "reward-down": "ok",
-                     "ray-down": "ok"}
+    assert steps == {
+        "preflight": "ok",
+        "ray-up": "ok",
+        "reward-up": "ok",
+        "train": "ok",
+        "reward-down": "ok",
+        "ray-down": "ok",
+    }
     d = run_dir(out, "sao")
     assert [r["step"] for r in rows(d)] == [1, 2]
     assert json.loads((d / "config.json").read_text())["rehearsal"]["scheduler"] == "ray"
     assert "RayScheduler" in (d / "main.log").read_text()
-    assert all("critic/explained_var" in r or r["actor/warmup"] == 1.0 for r in rows(d))  # the critic's own worker reports
+    assert all(
+        "critic/explained_var" in r or r["actor/warmup"] == 1.0 for r in rows(d)
+    )  # the critic's own worker reports
     assert not R.ray_running()  # torn down
 
 
 # ---------------------------------------------------------------- what a cluster user would hit
 
+
 @needs_areal
 def test_omegaconf_pinned_as_areal_pins_it():
     import importlib.metadata as md
+
     req = next(r for r in md.requires("areal") if r.replace(" ", "").startswith("omegaconf=="))
     pin = req.split("==")[1].split(";")[0].strip()
     assert md.version("omegaconf") == pin
@@ -644,9 +759,12 @@ def test_yaml_scheduling_specs_load_and_take_reward_env(tmp_path, monkeypatch):
     "omegaconf 2.4.0 (final) turned these into tuples of dicts: 'dict' object has no attribute 'gpu'."
     from sao_repro.areal.config import load_sao_config
     from sao_repro.areal.train import _export_reward_env
+
     ov = tmp_path / "ov.yaml"
-    ov.write_text("rollout:\n  scheduling_spec:\n    - gpu: 0\n      cpu: 2\n      cmd: python -m areal.infra.rpc.rpc_server\n"
-                  "      env_vars: {FOO: bar}\n")
+    ov.write_text(
+        "rollout:\n  scheduling_spec:\n    - gpu: 0\n      cpu: 2\n      cmd: python -m areal.infra.rpc.rpc_server\n"
+        "      env_vars: {FOO: bar}\n"
+    )
     cfg = load_sao_config(ROOT / "configs" / "phase2_hard_sao.yaml", [], dotenv=None, placeholders=True, overlays=[ov])
     spec = cfg.rollout.scheduling_spec[0]
     assert (spec.gpu, spec.cpu) == (0, 2)
@@ -661,9 +779,14 @@ def test_relaunch_clears_only_this_trials_name_records(tmp_path):
     from areal.utils import name_resolve, names
     from sao_repro.areal.config import load_sao_config
     from sao_repro.areal.train import clear_trial_records
+
     root = tmp_path / "nr"
-    cfg = load_sao_config(ROOT / "configs" / "phase2_hard_sao.yaml", [f"cluster.name_resolve.nfs_record_root={root}"],
-                          dotenv=None, placeholders=True)
+    cfg = load_sao_config(
+        ROOT / "configs" / "phase2_hard_sao.yaml",
+        [f"cluster.name_resolve.nfs_record_root={root}"],
+        dotenv=None,
+        placeholders=True,
+    )
     name_resolve.reconfigure(cfg.cluster.name_resolve)
     mine = names.update_weights_from_disk(cfg.experiment_name, cfg.trial_name, 0)
     other = names.update_weights_from_disk(cfg.experiment_name, "grpo_s1", 0)
@@ -679,9 +802,15 @@ def test_relaunch_clears_only_this_trials_name_records(tmp_path):
 @needs_areal
 def test_overlay_is_composed_between_config_and_overrides():
     from sao_repro.areal.config import load_sao_config
+
     ov = ROOT / "configs" / "cpu_rehearsal.yaml"
-    cfg = load_sao_config(ROOT / "configs" / "phase2_hard_grpo.yaml", ["train_dataset.batch_size=2", "gconfig.max_new_tokens=7"],
-                          dotenv=None, placeholders=True, overlays=[ov])
+    cfg = load_sao_config(
+        ROOT / "configs" / "phase2_hard_grpo.yaml",
+        ["train_dataset.batch_size=2", "gconfig.max_new_tokens=7"],
+        dotenv=None,
+        placeholders=True,
+        overlays=[ov],
+    )
     assert cfg.cluster.n_gpus_per_node == 0 and cfg.actor.attn_impl == "sdpa"  # the overlay
     assert cfg.gconfig.max_new_tokens == 7  # the override wins over the overlay
     assert cfg.critic is None  # grpo has no critic: the overlay's critic section does not add one

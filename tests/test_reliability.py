@@ -1,5 +1,6 @@
 """Nothing lost, nothing counted twice: resume without checkpoints, one process per run folder, sweep files that would
 count a run twice, ports, the linear `\\boxed{}` search. Real processes and files throughout."""
+
 import os
 import signal
 import subprocess
@@ -83,20 +84,24 @@ def test_second_run_on_a_busy_folder_exits_2_and_a_stale_lock_is_taken_over(tmp_
 SWEEP = {"name": "s", "settings": ["grpo"], "seeds": [0, 1], "steps": 2}
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"seeds": [0, 0, 1]}, "seeds: 0 is repeated"),
-    ({"grid": {"lr": [0.5, 0.5]}}, "grid.lr: 0.5 is repeated"),
-    ({"grid": {"noise": ["a/b", "a_b"]}}, "grid points"),
-    ({"name": ".."}, "one plain folder name"),
-    ({"name": "."}, "one plain folder name"),
-    ({"name": "a\\b"}, "one plain folder name"),
-    ({"seeds": [0, -1]}, "integers >= 0"),
-    ({"seeds": [0, 1.5]}, "integers >= 0"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"seeds": [0, 0, 1]}, "seeds: 0 is repeated"),
+        ({"grid": {"lr": [0.5, 0.5]}}, "grid.lr: 0.5 is repeated"),
+        ({"grid": {"noise": ["a/b", "a_b"]}}, "grid points"),
+        ({"name": ".."}, "one plain folder name"),
+        ({"name": "."}, "one plain folder name"),
+        ({"name": "a\\b"}, "one plain folder name"),
+        ({"seeds": [0, -1]}, "integers >= 0"),
+        ({"seeds": [0, 1.5]}, "integers >= 0"),
+    ],
+)
 def test_sweep_file_that_would_count_a_run_twice_or_escape_is_refused(change, words, tmp_path, capsys):
     with pytest.raises(ValueError, match=words.replace(".", r"\.")):
         load_sweep({**SWEEP, **change})
     import yaml
+
     f = tmp_path / "sweep.yaml"
     f.write_text(yaml.safe_dump({**SWEEP, **change}))
     assert sweep_main([str(f), "--out", str(tmp_path / "out")]) == 2
@@ -122,6 +127,7 @@ def test_last_boxed_is_linear_in_the_text():
             assert last_boxed(text) == "2"
             best = min(best, time.perf_counter() - t0)
         return best
+
     small, big = clock(40_000), clock(80_000)  # 280 KB and 560 KB
     assert big < 3 * small + 0.01, (small, big)  # quadratic would be 4x
     assert last_boxed("x " * 600_000 + "\\boxed{7}") == "7"  # 1.2 MB solution
@@ -129,6 +135,7 @@ def test_last_boxed_is_linear_in_the_text():
 
 def test_verify_scores_a_long_boxedx_tail():
     from sao_repro.reward.check import score
+
     t0 = time.perf_counter()
     assert score("\\boxed{2}" + "\\boxedx" * 150_000, "2") == 1.0
     assert time.perf_counter() - t0 < 30
@@ -137,6 +144,7 @@ def test_verify_scores_a_long_boxedx_tail():
 # ---------------------------------------------------------------- a run folder whose name is not UTF-8
 def test_non_utf8_run_folder_is_skipped_and_named(tmp_path):
     from sao_repro.metrics import collect_metrics, scan_runs
+
     assert run_main(_run_args(tmp_path / "runs", 2)) == 0
     bad = os.fsencode(tmp_path / "runs" / "mini") + b"/gr\xffpo"
     os.makedirs(bad)
@@ -192,8 +200,10 @@ def test_full_disk_says_so_and_names_the_folder(tiny_disk):
 
 # ---------------------------------------------------------------- the rehearsal's cache: checked, rebuilt when damaged
 
+
 def test_a_damaged_rehearsal_cache_is_named_and_rebuilt_and_a_good_one_kept(tmp_path, capsys):
     from sao_repro.areal.tiny import CACHE_MANIFEST, cache_damage, tiny_assets
+
     d = tiny_assets(root=tmp_path)
     assert cache_damage(d) is None
     weights = d / "model" / "model.safetensors"
@@ -207,5 +217,7 @@ def test_a_damaged_rehearsal_cache_is_named_and_rebuilt_and_a_good_one_kept(tmp_
     (d / CACHE_MANIFEST).unlink()  # an unfinished build, or one from before the manifest
     (d / "data" / "train.jsonl").write_text("")
     assert "no cache_manifest.json" in cache_damage(d)
-    assert tiny_assets(root=tmp_path) == d and cache_damage(d) is None and (d / "data" / "train.jsonl").stat().st_size > 0
+    assert (
+        tiny_assets(root=tmp_path) == d and cache_damage(d) is None and (d / "data" / "train.jsonl").stat().st_size > 0
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [d.name]  # no temporary or damaged folder left beside it

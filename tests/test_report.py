@@ -3,6 +3,7 @@
 The runs are made once per session by the CPU testbed (sao_repro.mini): 2 settings x 2 seeds x 60 steps
 of the smoke-size model on 1-digit arithmetic (so accuracy is not stuck at 0), in this process.
 """
+
 import json
 import math
 import re
@@ -30,6 +31,7 @@ def runs(tmp_path_factory):
     "A real testbed comparison (sao, grpo) x seeds 0, 1, made with the testbed's own run function."
     import torch
     from sao_repro.mini.cli import run_setting
+
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("runs")
     ov = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 20, "eval_n": 32, "ckpt_every": STEPS}
@@ -43,7 +45,9 @@ def runs(tmp_path_factory):
 def rendered(runs, tmp_path_factory):
     "The report rendered once through the CLI function with the default formats (html, plus pdf when Chromium is present)."
     out = tmp_path_factory.mktemp("report")
-    with pytest.MonkeyPatch.context() as mp:  # from the folder holding the runs, with relative paths as a user types them
+    with (
+        pytest.MonkeyPatch.context() as mp
+    ):  # from the folder holding the runs, with relative paths as a user types them
         mp.chdir(runs.parent)
         assert R.report_main(["--runs", runs.name, "--out", out.name, "--engine", "nbconvert"]) == 0
     return out
@@ -51,6 +55,7 @@ def rendered(runs, tmp_path_factory):
 
 class Tables(HTMLParser):
     "Collect every <table id=...> as a list of rows of cell texts."
+
     def __init__(self):
         super().__init__()
         self.tables, self._id, self._row, self._cell = {}, None, None, None
@@ -110,10 +115,12 @@ def test_numbers_equal_those_computed_from_the_metrics(rendered, runs):
             first, last = min(acc), max(acc)
             starts.append(sum(v for st, v in acc.items() if st < first + 50) / sum(1 for st in acc if st < first + 50))
             ends.append(sum(v for st, v in acc.items() if st > last - 50) / sum(1 for st in acc if st > last - 50))
+
         def mci(xs):
             m = sum(xs) / len(xs)
             sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
             return m, T975[len(xs) - 1] * sd / math.sqrt(len(xs))
+
         (sm, sh), (em, eh) = mci(starts), mci(ends)
         r = rows[s]
         assert r["accuracy start -> end"] == f"{sm:.3f} -> {em:.3f}"
@@ -145,16 +152,24 @@ def expand_braces(pattern):
     m = re.search(r"\{([^{}]*)\}", pattern)
     if not m:
         return {pattern}
-    return {p for alt in m.group(1).split(",") for p in expand_braces(pattern[:m.start()] + alt + pattern[m.end():])}
+    return {p for alt in m.group(1).split(",") for p in expand_braces(pattern[: m.start()] + alt + pattern[m.end() :])}
 
 
 def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
-    assert len(lines) == 9  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance (design / reference name their sources)
+    assert (
+        len(lines) == 9
+    )  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance (design / reference name their sources)
     assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
-    named = [{re.fullmatch(r"runs\d*/mini/(\w+)/seed(\d)", p).groups() for c in re.findall(r"<code>([^<]*)</code>", line)
-              for p in expand_braces(c)} for line in lines]
+    named = [
+        {
+            re.fullmatch(r"runs\d*/mini/(\w+)/seed(\d)", p).groups()
+            for c in re.findall(r"<code>([^<]*)</code>", line)
+            for p in expand_braces(c)
+        }
+        for line in lines
+    ]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
     assert named[0] == named[1] == named[2] == named[3] == named[5] == named[7] == named[8] == every
     assert named[4] == named[6] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
@@ -168,12 +183,16 @@ def test_rerender_with_unchanged_runs_is_reused(rendered, runs, monkeypatch, cap
     monkeypatch.chdir(runs.parent)  # the paths as the first render named them
     outs = [rendered / f"math_hard_report.{x}" for x in ("ipynb", "html")] + [rendered / "numbers.json"]
     before = [p.stat().st_mtime_ns for p in outs]
+
     def boom(*a, **k):
         raise AssertionError("executed again")
+
     monkeypatch.setattr(build, "execute_report", boom)  # looked up by render_report in sao_repro.report.build
     monkeypatch.setattr(build, "notebook_to_html", boom)
     for fmt in ("html", "html,pdf"):
-        assert R.report_main(["--runs", runs.name, "--out", rendered.name, "--format", fmt, "--engine", "nbconvert"]) == 0
+        assert (
+            R.report_main(["--runs", runs.name, "--out", rendered.name, "--format", fmt, "--engine", "nbconvert"]) == 0
+        )
         assert "inputs unchanged, reused" in capsys.readouterr().out
     assert [p.stat().st_mtime_ns for p in outs] == before
     if R.find_chromium():
@@ -222,17 +241,35 @@ def test_report_notebook_has_a_literal_parameters_cell():
     assert len(cells) == 1
     src = "".join(cells[0]["source"])
     names = {l.split("=")[0].strip() for l in src.splitlines() if "=" in l}
-    assert names == {"runs_dir", "runs_label", "start_steps", "end_steps", "smooth_steps", "command", "sweeps_dir", "sweeps_label",
-                     "numbers_json"}
+    assert names == {
+        "runs_dir",
+        "runs_label",
+        "start_steps",
+        "end_steps",
+        "smooth_steps",
+        "command",
+        "sweeps_dir",
+        "sweeps_label",
+        "numbers_json",
+    }
 
 
 @pytest.mark.slow
 def test_offline_docs_site(rendered, tmp_path):
     "Two notebooks through nbdev's processing + nbconvert, the index and the report, linked by one nav bar."
-    pages = R.build_docs(ROOT, tmp_path / "site", only=["15_settings.ipynb", "76_report.ipynb"],
-                         report_html=rendered / "math_hard_report.html")
+    pages = R.build_docs(
+        ROOT,
+        tmp_path / "site",
+        only=["15_settings.ipynb", "76_report.ipynb"],
+        report_html=rendered / "math_hard_report.html",
+    )
     names = sorted(p.name for p in pages)
-    assert names == ["index.html", "math_hard_report.html", "report.html", "settings.html"]  # no page overwrites another
+    assert names == [
+        "index.html",
+        "math_hard_report.html",
+        "report.html",
+        "settings.html",
+    ]  # no page overwrites another
     for p in pages:
         html = p.read_text()
         assert R.offline_violations(html) == []
@@ -246,8 +283,12 @@ def test_offline_docs_site(rendered, tmp_path):
 def test_explore_notebook_loads_a_run(runs, tmp_path):
     "experiments/explore_run.ipynb runs on a testbed run folder and plots the DIS ratios and advantages."
     out = tmp_path / "explore.ipynb"
-    R.run_notebook(ROOT / "experiments" / "explore_run.ipynb", out, {"run_dir": str(runs / "mini" / "sao" / "seed0")},
-                   cwd=str(ROOT / "experiments"))
+    R.run_notebook(
+        ROOT / "experiments" / "explore_run.ipynb",
+        out,
+        {"run_dir": str(runs / "mini" / "sao" / "seed0")},
+        cwd=str(ROOT / "experiments"),
+    )
     nb = json.loads(out.read_text())
     pngs = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(pngs) == 2
@@ -260,29 +301,52 @@ def test_sweep_findings_section(runs, tmp_path):
     import shutil
     import statistics
     from sao_repro.mini.sweep import format_results, load_sweep, sweep_results
-    sc = load_sweep({"name": "t", "settings": list(SETTINGS), "seeds": len(SEEDS), "steps": STEPS, "window": 20,
-                     "base": {"preset": "smoke", "difficulty": 1}})
+
+    sc = load_sweep(
+        {
+            "name": "t",
+            "settings": list(SETTINGS),
+            "seeds": len(SEEDS),
+            "steps": STEPS,
+            "window": 20,
+            "base": {"preset": "smoke", "difficulty": 1},
+        }
+    )
     shutil.copytree(runs / "mini", tmp_path / "sweeps" / "t" / "base" / "mini")
     res = sweep_results(sc, str(tmp_path))
     (tmp_path / "sweeps/t/results.json").write_text(json.dumps(res))
     (tmp_path / "sweeps/t/results.md").write_text("`sao-repro sweep t.yaml`\n\n" + format_results(res))
     out = tmp_path / "report"
-    assert R.report_main(["--runs", str(runs), "--out", str(out), "--engine", "nbconvert",
-                          "--sweeps", str(tmp_path / "sweeps")]) == 0
+    assert (
+        R.report_main(
+            ["--runs", str(runs), "--out", str(out), "--engine", "nbconvert", "--sweeps", str(tmp_path / "sweeps")]
+        )
+        == 0
+    )
     p = Tables()
     p.feed((out / "math_hard_report.html").read_text())
     rows = {r[1]: r for r in p.tables["phenomena-t"][1:]}
+
     def heldout_end(s, k):  # mean of the evaluations inside the last 20 steps
         ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
         return statistics.mean(m["eval/acc"] for m in ms if "eval/acc" in m and m["step"] > STEPS - 20)
+
     d = [heldout_end("sao", k) - heldout_end("grpo", k) for k in SEEDS]
     half = T975[len(d) - 1] * statistics.stdev(d) / math.sqrt(len(d))
     assert rows["SAO above GRPO"][3] == R.fmt_ci(statistics.mean(d), half)
-    verdict = "reproduced" if statistics.mean(d) - half > 0 else "opposite" if statistics.mean(d) + half < 0 else "not resolved"
+    verdict = (
+        "reproduced"
+        if statistics.mean(d) - half > 0
+        else "opposite"
+        if statistics.mean(d) + half < 0
+        else "not resolved"
+    )
     assert rows["SAO above GRPO"][4] == verdict
+
     def heldout_first(s, k):
         ms = [json.loads(l) for l in (runs / "mini" / s / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
         return next(m["eval/acc"] for m in ms if "eval/acc" in m)
+
     drop = [heldout_first("grpo", k) - heldout_end("grpo", k) for k in SEEDS]
     assert rows["GRPO collapses"][3] == R.fmt_ci(statistics.mean(drop), T975[1] * statistics.stdev(drop) / math.sqrt(2))
     assert rows["SAO above GRPO"][6] in ("reproduced", "opposite", "not resolved")  # the online verdict column
@@ -294,11 +358,13 @@ def test_sweep_findings_section(runs, tmp_path):
         assert not broken_words(html, out / "math_hard_report.pdf")
     assert "Figure: sweep t" in re.sub(r"<[^>]+>", "", html) and R.band_text() in html
     from sao_repro import results  # the findings prose: rendered from its results file, stale banner and all
+
     text, rec = re.sub(r"<[^>]+>", "", html), results.load(results.find("findings"))
     assert "Findings so far, as written from the sweeps" in text and rec["command"].split(" && ")[0] in text
     assert ("Stale:" in text and "sao-repro results refresh findings" in text) == (results.status(rec) == "stale")
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4  # accuracy, DIS, critic and the sweep
     import matplotlib
+
     matplotlib.use("Agg")
     f = R.fig_sweep({"base": R.load_runs(tmp_path / "sweeps" / "t" / "base")[0]})
     check_panel(f.axes[0], runs, "eval/acc", 1, SETTINGS)
@@ -319,6 +385,7 @@ def page_margin_ink(pdf, out_dir, dpi=50):
     "pdftoppm page images; per page, the darkest grey level inside the left / right page margins (255 = blank)."
     import subprocess
     from PIL import Image
+
     subprocess.run(["pdftoppm", "-r", str(dpi), "-png", str(pdf), str(out_dir / "page")], check=True)
     pages = sorted(out_dir.glob("page-*.png"))
     m = int(12 / 25.4 * dpi) - 2  # the margin, less 2 px of anti-aliasing
@@ -334,18 +401,27 @@ def page_margin_ink(pdf, out_dir, dpi=50):
 def test_pdf_pages_hold_every_table_whole(rendered, tmp_path):
     "Printed on A4, no table is wider than the text block: laid out by Chromium in print media, and on the PDF's pages."
     from browser import open_page
+
     pdf = rendered / "math_hard_report.pdf"
     pages = page_margin_ink(pdf, tmp_path)
     assert len(pages) >= 3
     for name, left, right, (w, h) in pages:
         assert abs(w / h - 210 / 297) < 0.01, (name, w, h)  # A4
-        assert left > 200 and right > 200, f"{name}: ink in the page margin (a table or figure wider than the text block)"
+        assert left > 200 and right > 200, (
+            f"{name}: ink in the page margin (a table or figure wider than the text block)"
+        )
     width = round(A4_TEXT_MM[0] / 25.4 * 96)  # CSS px of the text block
     with open_page(width=width, height=1100) as page:
         page.emulate_media(media="print")
         page.goto((rendered / "math_hard_report.html").resolve().as_uri(), wait_until="load")
         tables = page.evaluate(TABLE_FIT_JS)
-    assert {t["id"] for t in tables} >= {"headline-table", "numbers-table", "runs-table", "design-table", "distance-table"}
+    assert {t["id"] for t in tables} >= {
+        "headline-table",
+        "numbers-table",
+        "runs-table",
+        "design-table",
+        "distance-table",
+    }
     for t in tables:
         assert t["right"] <= width + 1 and not t["over"], t
 
@@ -354,8 +430,11 @@ def test_figures_are_at_print_resolution(rendered):
     import base64
     import io
     from PIL import Image
+
     html = (rendered / "math_hard_report.html").read_text()
-    pngs = [Image.open(io.BytesIO(base64.b64decode(b))) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
+    pngs = [
+        Image.open(io.BytesIO(base64.b64decode(b))) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    ]
     assert len(pngs) >= 3
     for im in pngs:
         assert round(im.info["dpi"][0]) >= 200, im.info
@@ -370,7 +449,7 @@ def test_first_screen_title_folded_provenance_and_relative_paths(rendered, runs)
     assert f"<title>{title}</title>" in html and "MATH-hard" not in title
     body = html.split("</style>")[-1]
     h1 = body.index("<h1")
-    assert title in re.sub(r"<[^>]+>", "", body[h1:body.index("</h1>")])
+    assert title in re.sub(r"<[^>]+>", "", body[h1 : body.index("</h1>")])
     assert h1 < body.index("data:image/png") < body.index('id="headline-table"') < body.index('id="design-table"')
     folded = re.findall(r"<details>(.*?)</details>", body, flags=re.S)
     assert len(folded) == 1 and folded[0].count("sao-repro run ") == len(SETTINGS) * len(SEEDS)
@@ -387,6 +466,7 @@ def test_headline_numbers_are_held_out_and_online_from_the_metrics(rendered, run
     def mci(xs):
         m = sum(xs) / len(xs)
         return m, T975[len(xs) - 1] * math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs))
+
     for s in SETTINGS:
         h0, h1, a0, a1 = [], [], [], []
         for k in SEEDS:
@@ -395,7 +475,9 @@ def test_headline_numbers_are_held_out_and_online_from_the_metrics(rendered, run
             h0.append(ev[0][1])
             h1.append(sum(v for st, v in ev if st > STEPS - 50) / sum(1 for st, v in ev if st > STEPS - 50))
             a0.append(sum(m["acc"] for m in ms if m["step"] <= 50) / sum(1 for m in ms if m["step"] <= 50))
-            a1.append(sum(m["acc"] for m in ms if m["step"] > STEPS - 50) / sum(1 for m in ms if m["step"] > STEPS - 50))
+            a1.append(
+                sum(m["acc"] for m in ms if m["step"] > STEPS - 50) / sum(1 for m in ms if m["step"] > STEPS - 50)
+            )
         fmt = lambda a, b: "{:.3f} ± {:.3f} -> {:.3f} ± {:.3f}".format(*mci(a), *mci(b))
         assert rows[s]["held-out accuracy: first evaluation -> last 50 steps"] == fmt(h0, h1)
         assert rows[s]["online accuracy: first 50 -> last 50 steps"] == fmt(a0, a1)
@@ -404,6 +486,7 @@ def test_headline_numbers_are_held_out_and_online_from_the_metrics(rendered, run
 
 # The figures: seaborn's seed means and interval bands, checked against the run folders' metrics (data, not pixels)
 
+
 def seed_curves(runs, setting, key, window):
     "{step: [value per seed]} of `key` in each seed's metrics.jsonl, each seed's values a rolling mean over `window` entries."
     by_step = {}
@@ -411,7 +494,7 @@ def seed_curves(runs, setting, key, window):
         ms = [json.loads(l) for l in (runs / "mini" / setting / f"seed{k}" / "metrics.jsonl").read_text().splitlines()]
         pts = sorted((m["step"], float(m[key])) for m in ms if m.get(key) is not None)
         for i, (st, _) in enumerate(pts):
-            last = [v for _, v in pts[max(0, i - window + 1):i + 1]]
+            last = [v for _, v in pts[max(0, i - window + 1) : i + 1]]
             by_step.setdefault(st, []).append(sum(last) / len(last))
     return dict(sorted(by_step.items()))
 
@@ -428,6 +511,7 @@ def check_panel(ax, runs, key, window, settings):
     from matplotlib.collections import PolyCollection
     from matplotlib.colors import to_rgb
     from sao_repro.settings import SETTING_COLORS
+
     assert [l.get_label() for l in ax.lines] == list(settings)
     assert len(ax.collections) == len(ax.lines)
     for line, band, s in zip(ax.lines, ax.collections, settings):
@@ -441,8 +525,13 @@ def check_panel(ax, runs, key, window, settings):
             if len(vals) == len(SEEDS):
                 ys = verts[verts[:, 0] == st][:, 1]
                 lo, hi = t_band(vals)
-                assert ys.min() == pytest.approx(lo, abs=1e-4) and ys.max() == pytest.approx(hi, abs=1e-4), (s, key, st)  # T975: 3 decimals
+                assert ys.min() == pytest.approx(lo, abs=1e-4) and ys.max() == pytest.approx(hi, abs=1e-4), (
+                    s,
+                    key,
+                    st,
+                )  # T975: 3 decimals
     from sao_repro.report.figures import setting_style
+
     assert [l.get_marker() for l in ax.lines] == [setting_style(s)[1] for s in settings]
     assert len({l.get_marker() for l in ax.lines}) == len(ax.lines)  # apart in grayscale print too
     assert [l.get_linestyle() == "-" for l in ax.lines] == [s == "sao" for s in settings]  # the others dashed
@@ -451,6 +540,7 @@ def check_panel(ax, runs, key, window, settings):
 def test_figures_are_seed_means_with_t_bands(runs):
     import matplotlib
     import matplotlib.pyplot as plt
+
     matplotlib.use("Agg")
     df, _ = R.load_runs(runs)
     f = R.fig_accuracy(df, 10)
@@ -483,12 +573,15 @@ def test_design_table_says_the_band_each_setting_used(rendered):
 def test_design_table_band_column_reads_config_json(tmp_path):
     "Runs of one setting with two bands (paper-math from a preset, reference from numbers) both show, by name."
     from sao_repro.settings import get_setting
+
     for seed, spec in ((0, {"dis_band": [0.7, 6.0], "dis_preset": "paper-math"}), (1, {"dis_band": [0.3, 5.0]})):
         d = tmp_path / "mini" / "single_dis" / f"seed{seed}"
         d.mkdir(parents=True)
         s = get_setting("single_dis").to_dict() | spec
         s.pop("dis_preset") if "dis_preset" not in spec else None
-        (d / "config.json").write_text(json.dumps({"setting": "single_dis", "seed": seed, "backend": "mini", "setting_spec": s}))
+        (d / "config.json").write_text(
+            json.dumps({"setting": "single_dis", "seed": seed, "backend": "mini", "setting_spec": s})
+        )
         (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "acc": 0.5}) + "\n")
     _, runs_df = R.load_runs(tmp_path)
     d = R.design_table(runs_df=runs_df).set_index("setting")
@@ -508,23 +601,32 @@ def test_mismatch_table_per_setting_from_the_metrics(rendered, runs):
         assert rows[s]["k3_kl_all mean"] == f"{k3_all.mean():.2e}"
         assert rows[s]["lag max"] == f"{mine[mine.metric == 'mismatch/lag_max'].value.max():.3f}" == "3.000"
         k3 = mine[mine.metric == "mismatch/k3_kl"].value
-        assert rows[s]["measured"] == f"{len(k3)} / {STEPS * len(SEEDS)}" and len(k3) == len(SEEDS)  # lag 0 at step 1 only
+        assert rows[s]["measured"] == f"{len(k3)} / {STEPS * len(SEEDS)}" and len(k3) == len(
+            SEEDS
+        )  # lag 0 at step 1 only
 
 
 # The PDF as a reader meets it: its text (pdftotext) in whole words, its pages (pdftoppm) without half-blank pages or
 # headings left at a page's foot; the formats made with and without Chromium.
 
-SWEEPS_PROSE = ("Findings so far: what the testbed reproduces of the reference study",
-                "Each phenomenon of the reference study")
+SWEEPS_PROSE = (
+    "Findings so far: what the testbed reproduces of the reference study",
+    "Each phenomenon of the reference study",
+)
 
 
 def pdf_pages(pdf):
     "The text of each page of `pdf` (pdftotext, reading order)."
     import subprocess
+
     info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True, check=True).stdout
     n = int(re.search(r"^Pages:\s+(\d+)", info, flags=re.M).group(1))
-    return [subprocess.run(["pdftotext", "-f", str(i), "-l", str(i), str(pdf), "-"], capture_output=True, text=True,
-                           check=True).stdout for i in range(1, n + 1)]
+    return [
+        subprocess.run(
+            ["pdftotext", "-f", str(i), "-l", str(i), str(pdf), "-"], capture_output=True, text=True, check=True
+        ).stdout
+        for i in range(1, n + 1)
+    ]
 
 
 def words(text):
@@ -536,6 +638,7 @@ def words(text):
 def html_text(html):
     "The text a printed page of the report shows: the body without styles and the folded <details> blocks."
     import html as H
+
     body = html.split("</style>")[-1]
     body = re.sub(r"<details>.*?</details>", " ", body, flags=re.S)
     return H.unescape(re.sub(r"<[^>]+>", " ", body)).replace("\u00b6", " ")
@@ -544,14 +647,20 @@ def html_text(html):
 def table_words(html):
     "The words in the cells and headers of the report's tables (those it computes: each has an id)."
     import html as H
+
     tables = re.findall(r"<table[^>]*\bid=[^>]*>(.*?)</table>", html.split("</style>")[-1], flags=re.S)
-    return {w for t in tables for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", t, flags=re.S)
-            for w in words(H.unescape(re.sub(r"<[^>]+>", " ", c)))}
+    return {
+        w
+        for t in tables
+        for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", t, flags=re.S)
+        for w in words(H.unescape(re.sub(r"<[^>]+>", " ", c)))
+    }
 
 
 def broken_words(html, pdf):
     "The table words fewer times whole in the PDF's text than on the page: {word: (on the page, in the PDF)}."
     from collections import Counter
+
     in_pdf, in_html = Counter(words(" ".join(pdf_pages(pdf)))), Counter(words(html_text(html)))
     return {w: (in_html[w], in_pdf[w]) for w in table_words(html) if len(w) > 1 and in_pdf[w] < in_html[w]}
 
@@ -560,6 +669,7 @@ def page_ink_bottoms(pdf, out_dir, dpi=40):
     "Per page, how far down its lowest non-white pixel row lies (0 = a blank page, 1 = the bottom edge)."
     import subprocess
     from PIL import Image
+
     subprocess.run(["pdftoppm", "-r", str(dpi), "-gray", "-png", str(pdf), str(out_dir / "ink")], check=True)
     res = []
     for p in sorted(out_dir.glob("ink-*.png")):
@@ -572,10 +682,17 @@ def page_ink_bottoms(pdf, out_dir, dpi=40):
 def heading_blocks(html, executed_nb):
     "The word lists a page must not end with: each heading, and each markdown cell led by a heading (the heading with its intro)."
     import html as H
-    heads = [words(H.unescape(re.sub(r"<[^>]+>", " ", h)).replace("\u00b6", " "))
-             for h in re.findall(r"<h[1-6][^>]*>(.*?)</h[1-6]>", html.split("</style>")[-1], flags=re.S)]
+
+    heads = [
+        words(H.unescape(re.sub(r"<[^>]+>", " ", h)).replace("\u00b6", " "))
+        for h in re.findall(r"<h[1-6][^>]*>(.*?)</h[1-6]>", html.split("</style>")[-1], flags=re.S)
+    ]
     cells = json.loads(Path(executed_nb).read_text())["cells"]
-    intros = [words("".join(c["source"])) for c in cells if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")]
+    intros = [
+        words("".join(c["source"]))
+        for c in cells
+        if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")
+    ]
     return [b for b in heads + intros if b]
 
 
@@ -614,7 +731,7 @@ def test_pdf_pages_are_full_and_keep_headings_with_what_follows(rendered, tmp_pa
     for i, page in enumerate(pages[:-1], 1):
         ws = words(page)
         for b in blocks:
-            assert ws[-len(b):] != b, f"page {i} ends with {' '.join(b)!r}; its content is on the next page"
+            assert ws[-len(b) :] != b, f"page {i} ends with {' '.join(b)!r}; its content is on the next page"
 
 
 @pytest.mark.browser
@@ -630,13 +747,17 @@ def test_pdf_has_no_sweeps_prose_without_sweeps(rendered):
 def test_explicit_pdf_without_chromium_is_an_error(runs, tmp_path, monkeypatch, capsys):
     "--format pdf (or html,pdf) where Chromium is missing: exit 1, a message naming Chromium and its install, nothing built."
     from sao_repro.cli import main
+
     monkeypatch.setenv("CHROMIUM", str(tmp_path / "no-such-chrome"))  # the binary the report would use: none
     for fmt in ("pdf", "html,pdf"):
         assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--format", fmt]) == 1
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Chromium" in err and "apt-get install -y chromium" in err, err
     assert not (tmp_path / "out").exists()
-    assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--screenshot", str(tmp_path / "s.png")]) == 1
+    assert (
+        main(["report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--screenshot", str(tmp_path / "s.png")])
+        == 1
+    )
     assert "Chromium" in capsys.readouterr().err
 
 
@@ -646,6 +767,7 @@ def healthy(runs, tmp_path_factory):
     import contextlib
     import io
     import shutil
+
     root = tmp_path_factory.mktemp("healthy")
     shutil.copytree(runs / "mini" / "grpo", root / "runs" / "mini" / "grpo")
     buf = io.StringIO()
@@ -662,7 +784,9 @@ def test_default_without_chromium_writes_html_and_a_note(healthy):
     assert rc == 0
     assert (root / "out" / "math_hard_report.html").exists() and not (root / "out" / "math_hard_report.pdf").exists()
     notes = [l for l in out.splitlines() if "PDF" in l]
-    assert len(notes) == 1 and notes[0].startswith("report: PDF skipped:") and "apt-get install -y chromium" in notes[0], out
+    assert (
+        len(notes) == 1 and notes[0].startswith("report: PDF skipped:") and "apt-get install -y chromium" in notes[0]
+    ), out
     rows = table((root / "out" / "math_hard_report.html").read_text(), "health-table")
     assert rows == [{"run": "none"}]  # the header, then one row saying none
 
@@ -681,6 +805,7 @@ def test_empty_table_says_none_in_the_pdf(healthy, monkeypatch, capsys, tmp_path
 
 # Outputs land in the output folder only: never through a link planted there, and `--out` naming a file is one line.
 
+
 def test_report_never_writes_through_a_link_planted_in_its_folder(runs, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -692,20 +817,27 @@ def test_report_never_writes_through_a_link_planted_in_its_folder(runs, tmp_path
         victims[name] = v
     assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", "html", "--engine", "nbconvert"]) == 0
     assert all(v.read_text() == "not yours" for v in victims.values())
-    assert not any((out / n).is_symlink() for n in victims) and "sao-table" in (out / "math_hard_report.html").read_text()
+    assert (
+        not any((out / n).is_symlink() for n in victims) and "sao-table" in (out / "math_hard_report.html").read_text()
+    )
     assert "removed the link" in capsys.readouterr().out
 
 
 def test_report_out_naming_a_file_is_one_line(tmp_path):
     f = tmp_path / "a-file"
     f.write_text("x")
-    p = subprocess.run([sys.executable, "-m", "sao_repro.cli", "report", "--runs", str(tmp_path), "--out", str(f)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "sao_repro.cli", "report", "--runs", str(tmp_path), "--out", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"--out {f}: that is a file" in p.stderr and f.read_text() == "x"
 
 
 # ---------------------------------------------------------------- names and numbers no reader can take; many runs
+
 
 def plain_text(html):
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).replace("&#177;", "±")
@@ -716,6 +848,7 @@ def test_report_skips_names_not_utf8_and_numbers_no_float_holds_and_clips_extrem
     import os
     import shutil
     from sao_repro.report.bench import fabricate_runs
+
     runs = fabricate_runs(tmp_path / "runs", 6, steps=12)  # the five settings, and sao seed 1
     root = os.fsencode(runs)
     for bad in (b"/mini/grpo/se\xffed0", b"/mini/gr\xffpo/seed0", b"/m\xffini/sao/seed0", b"/mini/sao/seed0/sub\xff"):
@@ -728,7 +861,9 @@ def test_report_skips_names_not_utf8_and_numbers_no_float_holds_and_clips_extrem
     ms[3]["acc"], ms[4]["acc"] = 1e308, -1e308
     p.write_text("".join(json.dumps(m) + "\n" for m in ms))
     with pytest.warns(UserWarning, match="not UTF-8"):
-        rc = R.report_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"])
+        rc = R.report_main(
+            ["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"]
+        )
     assert rc == 0, capsys.readouterr().err
     text = plain_text((tmp_path / "out" / "math_hard_report.html").read_text())
     assert "acc of mini/sao/seed1 : 2 value(s) beyond ±1e+12" in text, text[:3000]  # named under Figure 1
@@ -750,8 +885,14 @@ def test_report_on_300_fabricated_runs_draws_one_line_per_setting(tmp_path):
     from sao_repro.metrics import smooth
     from sao_repro.report.bench import fabricate_runs
     from sao_repro.settings import list_settings
+
     runs = fabricate_runs(tmp_path / "runs", 300, steps=30)
-    assert R.report_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"]) == 0
+    assert (
+        R.report_main(
+            ["--runs", str(runs), "--out", str(tmp_path / "out"), "--format", "html", "--engine", "nbconvert"]
+        )
+        == 0
+    )
     numbers = json.loads((tmp_path / "out" / "numbers.json").read_text())
     assert sorted(n["setting"] for n in numbers) == sorted(list_settings()) and {n["seeds"] for n in numbers} == {60}
     df, _ = R.load_runs(runs)
@@ -769,5 +910,6 @@ def test_report_on_300_fabricated_runs_draws_one_line_per_setting(tmp_path):
 
 def t_band_of(row):
     from scipy.stats import t
+
     h = t.ppf(0.975, row["count"] - 1) * row["std"] / math.sqrt(row["count"])
     return row["mean"] - h, row["mean"] + h

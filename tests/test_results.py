@@ -1,5 +1,6 @@
 """Results files (sao_repro.results): every quoted result committed in the repository is complete and rendered by a
 page; a change to the code behind one makes it stale, and the page then names the command that refreshes it."""
+
 import json
 import re
 import shutil
@@ -8,8 +9,20 @@ import sys
 from pathlib import Path
 
 from sao_repro.report.docs import RESULT_CALL  # the cells the docs build renders
-from sao_repro.results import (REQUIRED, RESULTS_DIRS, UNRECORDED, fingerprint, load, markdown, record, refresh_command,
-                               render, results_files, results_main, status)
+from sao_repro.results import (
+    REQUIRED,
+    RESULTS_DIRS,
+    UNRECORDED,
+    fingerprint,
+    load,
+    markdown,
+    record,
+    refresh_command,
+    render,
+    results_files,
+    results_main,
+    status,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +41,9 @@ def shown_by_pages() -> dict[str, list[str]]:
 def test_every_committed_results_file_is_complete_and_rendered_by_a_page():
     files = results_files(ROOT)
     assert files, f"no results files in {RESULTS_DIRS}"
-    committed = subprocess.run(["git", "ls-files", *RESULTS_DIRS], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    committed = subprocess.run(
+        ["git", "ls-files", *RESULTS_DIRS], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     shown = shown_by_pages()
     for f in files:
         assert f.relative_to(ROOT).as_posix() in committed, f"{f} is not committed"
@@ -42,7 +57,11 @@ def test_every_committed_results_file_is_complete_and_rendered_by_a_page():
         page = markdown(f.stem, ROOT)
         assert page.endswith(rec["markdown"]) and rec["command"] in page
         if status(rec, ROOT) == "stale":  # the page says so by itself, with the commit and the refresh command
-            assert page.startswith("> **Stale:**") and f"`{rec['commit'][:10]}`" in page and refresh_command(f.stem) in page
+            assert (
+                page.startswith("> **Stale:**")
+                and f"`{rec['commit'][:10]}`" in page
+                and refresh_command(f.stem) in page
+            )
     assert set(shown) <= {f.stem for f in files}, "a page shows a result that has no file"
 
 
@@ -56,6 +75,7 @@ def test_a_result_made_before_fingerprints_is_stale_with_its_commit():
 def test_a_changed_source_makes_a_result_stale_in_a_copy(tmp_path):
     "In a copy of the study's code: fresh when recorded, stale after an edit of one source file, fresh again after undoing it."
     from sao_repro.mini.cli import STUDY_SOURCES
+
     for s in STUDY_SOURCES:
         src, dst = ROOT / s, tmp_path / s
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -76,8 +96,10 @@ def test_a_changed_source_makes_a_result_stale_in_a_copy(tmp_path):
 
 def test_results_command_lists_and_refreshes(tmp_path, capsys):
     (tmp_path / "code.py").write_text("x = 1\n")
-    cmd = (f"{sys.executable} -c \"from sao_repro.results import record; "
-           "record('nbs/results/r.json', 'make r', ['code.py'], 'new', root='.')\"")
+    cmd = (
+        f'{sys.executable} -c "from sao_repro.results import record; '
+        "record('nbs/results/r.json', 'make r', ['code.py'], 'new', root='.')\""
+    )
     record(tmp_path / "nbs" / "results" / "r.json", cmd, ["code.py"], "old", root=tmp_path)
     (tmp_path / "code.py").write_text("x = 2\n")
     assert results_main(["--root", str(tmp_path)]) == 0

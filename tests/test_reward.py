@@ -1,5 +1,6 @@
 """Reward: answer equivalence, garbage, and the local pool's contract with real processes
 (hangs killed at the deadline, kill -9 mid-batch, 10,000 items in -> 10,000 out)."""
+
 import importlib
 import os
 import pickle
@@ -10,11 +11,16 @@ import time
 import pytest
 
 from reward_hooks import score_with_markers
-from sao_repro.reward import (RewardConfig, RewardPool, close_reward_pool, math_reward_fn, score,
-                              verify)
+from sao_repro.reward import RewardConfig, RewardPool, close_reward_pool, math_reward_fn, score, verify
 
-CHEAP = [(r"$\boxed{\frac{1}{2}}$", "0.5"), (r"$\boxed{7}$", "8"), (r"$\boxed{2\sqrt{2}}$", r"\sqrt{8}"),
-         ("no box", "3"), (r"$\boxed{\{1,2\}}$", r"\{2,1\}"), (r"$\boxed{x=3}$", "3")]
+CHEAP = [
+    (r"$\boxed{\frac{1}{2}}$", "0.5"),
+    (r"$\boxed{7}$", "8"),
+    (r"$\boxed{2\sqrt{2}}$", r"\sqrt{8}"),
+    ("no box", "3"),
+    (r"$\boxed{\{1,2\}}$", r"\{2,1\}"),
+    (r"$\boxed{x=3}$", "3"),
+]
 
 # (completion, gold, expected reward)
 EQUIVALENCE = [
@@ -63,9 +69,25 @@ EQUIVALENCE = [
     (r"$\boxed{12}$", r"so $\boxed{12}$", 1.0),
 ]
 
-GARBAGE = ["", "}}}{{{", r"\boxed{", r"\boxed{}", "\\boxed{" * 1000, "x" * (1 << 20), "\\boxed{" + "9" * 5000 + "}",
-           b"\xff\xfe\x00\\boxed{2}", "\ud800\udfff\x00", None, 12345, ["\\boxed{1}"], r"\boxed{\frac{1}{0}}",
-           r"\boxed{\begin{matrix}}", r"\boxed{\sqrt{}}", r"\boxed{^^^}", "\\boxed{" + "(" * 40 + "}"]
+GARBAGE = [
+    "",
+    "}}}{{{",
+    r"\boxed{",
+    r"\boxed{}",
+    "\\boxed{" * 1000,
+    "x" * (1 << 20),
+    "\\boxed{" + "9" * 5000 + "}",
+    b"\xff\xfe\x00\\boxed{2}",
+    "\ud800\udfff\x00",
+    None,
+    12345,
+    ["\\boxed{1}"],
+    r"\boxed{\frac{1}{0}}",
+    r"\boxed{\begin{matrix}}",
+    r"\boxed{\sqrt{}}",
+    r"\boxed{^^^}",
+    "\\boxed{" + "(" * 40 + "}",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """The `ray` backend and `sao-repro reward-workers` on a real local Ray (one session for the module)."""
+
 import os
 import signal
 import time
@@ -10,27 +11,46 @@ ray = pytest.importorskip("ray")
 import reward_hooks  # noqa: E402
 from reward_hooks import score_with_markers  # noqa: E402
 from sao_repro.reward import RewardPool, score  # noqa: E402
-from sao_repro.reward.workers import (ACTOR_PREFIX, NAMESPACE, list_workers, reward_workers_main,  # noqa: E402
-                                      watch_once)
+from sao_repro.reward.workers import (
+    ACTOR_PREFIX,
+    NAMESPACE,
+    list_workers,
+    reward_workers_main,  # noqa: E402
+    watch_once,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:reward workers. no Ray node")]
 
-CHEAP = [(r"$\boxed{\frac{1}{2}}$", "0.5"), (r"$\boxed{7}$", "8"), (r"$\boxed{2\sqrt{2}}$", r"\sqrt{8}"),
-         ("no box", "3"), (r"$\boxed{\{1,2\}}$", r"\{2,1\}"), (r"$\boxed{x=3}$", "3")]
+CHEAP = [
+    (r"$\boxed{\frac{1}{2}}$", "0.5"),
+    (r"$\boxed{7}$", "8"),
+    (r"$\boxed{2\sqrt{2}}$", r"\sqrt{8}"),
+    ("no box", "3"),
+    (r"$\boxed{\{1,2\}}$", r"\{2,1\}"),
+    (r"$\boxed{x=3}$", "3"),
+]
 
 
 @pytest.fixture(scope="module")
 def ray_session():
     ray.cloudpickle.register_pickle_by_value(reward_hooks)  # Ray workers do not have tests/ on their path
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield ray
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
 def ray_pool(ray_session):
-    with RewardPool(backend="ray", workers=2, timeout_s=2.0, scorer=score_with_markers, attach=False, num_cpus=0.5) as p:
+    with RewardPool(
+        backend="ray", workers=2, timeout_s=2.0, scorer=score_with_markers, attach=False, num_cpus=0.5
+    ) as p:
         assert p.wait_ready(180)
         yield p
 

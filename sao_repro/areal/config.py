@@ -34,36 +34,96 @@ logger = logging.getLogger("sao_repro.areal")
 @dataclass
 class SAOSection:
     "SAO-only knobs: the `sao:` section of a cluster config."
-    setting: str = field(default="sao", metadata={"help": "registered setting this run realises", "choices": list_settings()})
-    trajectories_per_step: int = field(default=512, metadata={"help": "trajectories per training step: train_dataset.batch_size x gconfig.n_samples"})
+
+    setting: str = field(
+        default="sao", metadata={"help": "registered setting this run realises", "choices": list_settings()}
+    )
+    trajectories_per_step: int = field(
+        default=512, metadata={"help": "trajectories per training step: train_dataset.batch_size x gconfig.n_samples"}
+    )
     critic_k: int = field(default=2, metadata={"help": "critic update passes per training step"})
     warmup_steps: int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
-    policy_lambda: str = field(default="1.0", metadata={"help": "GAE lambda of the policy advantage: a number in (0, 1] or 'adaptive'"})
+    policy_lambda: str = field(
+        default="1.0", metadata={"help": "GAE lambda of the policy advantage: a number in (0, 1] or 'adaptive'"}
+    )
     lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
-    critic_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte-Carlo returns)"})
-    critic_freeze: str = field(default="none", metadata={"help": "critic parameters frozen before its optimizer is built: 'none' or 'attention' (name patterns: sao_repro.critic.FREEZE_PATTERNS)", "choices": ["none", "attention"]})
-    critic_init: str = field(default="", metadata={"help": "warm-start the critic from an AReaL critic checkpoint (a Hugging Face folder the critic engine saved: config.json + *.safetensors); checked name by name and shape by shape, recorded in config.json; empty: from critic.path"})
-    dis_band: str = field(default="", metadata={"help": "DIS band preset the run uses: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS); actor.rejection_sampling must hold that band; empty: the setting's"})
-    adv_whiten: bool = field(default=False, metadata={"help": "whiten policy advantages per batch (mean / std over action tokens) after the returns are taken (keep actor.adv_norm null)"})
-    running_mean_mode: str = field(default="exact", metadata={"help": "running_mean baseline: 'exact' (sum / count) or 'ema'", "choices": ["exact", "ema"]})
+    critic_lambda: float = field(
+        default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte-Carlo returns)"}
+    )
+    critic_freeze: str = field(
+        default="none",
+        metadata={
+            "help": "critic parameters frozen before its optimizer is built: 'none' or 'attention' (name patterns: sao_repro.critic.FREEZE_PATTERNS)",
+            "choices": ["none", "attention"],
+        },
+    )
+    critic_init: str = field(
+        default="",
+        metadata={
+            "help": "warm-start the critic from an AReaL critic checkpoint (a Hugging Face folder the critic engine saved: config.json + *.safetensors); checked name by name and shape by shape, recorded in config.json; empty: from critic.path"
+        },
+    )
+    dis_band: str = field(
+        default="",
+        metadata={
+            "help": "DIS band preset the run uses: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS); actor.rejection_sampling must hold that band; empty: the setting's"
+        },
+    )
+    adv_whiten: bool = field(
+        default=False,
+        metadata={
+            "help": "whiten policy advantages per batch (mean / std over action tokens) after the returns are taken (keep actor.adv_norm null)"
+        },
+    )
+    running_mean_mode: str = field(
+        default="exact",
+        metadata={"help": "running_mean baseline: 'exact' (sum / count) or 'ema'", "choices": ["exact", "ema"]},
+    )
     running_mean_decay: float = field(default=0.99, metadata={"help": "EMA decay of the running_mean baseline"})
-    reward_fn: str = field(default="sao_repro.reward.math_reward_fn", metadata={"help": "dotted path of the AReaL reward function"})
+    reward_fn: str = field(
+        default="sao_repro.reward.math_reward_fn", metadata={"help": "dotted path of the AReaL reward function"}
+    )
     run_dir: str = field(default="", metadata={"help": "our run folder (metrics.jsonl, events.log, config.json)"})
     reward_root: str = field(default="", metadata={"help": "folder for reward-worker logs and status (REWARD_ROOT)"})
-    rollout_engine: str = field(default="", metadata={"help": "dotted path of a class used in place of AReaL's RemotevLLMEngine (CPU rehearsal: sao_repro.areal.cpu_server.CPURemotevLLMEngine); empty: AReaL's own"})
-    rollout_ahead: bool = field(default=False, metadata={"help": "before each step the trainer waits until rollout has filled AReaL's staleness window, so batches hold tokens rollout.max_head_offpolicyness versions old whatever the load (sao_repro.areal.runahead; SPMD only; the CPU rehearsal's default)"})
-    strict: bool = field(default=True, metadata={"help": "refuse a config that deviates from the registered setting (false: warn, for ablations)"})
+    rollout_engine: str = field(
+        default="",
+        metadata={
+            "help": "dotted path of a class used in place of AReaL's RemotevLLMEngine (CPU rehearsal: sao_repro.areal.cpu_server.CPURemotevLLMEngine); empty: AReaL's own"
+        },
+    )
+    rollout_ahead: bool = field(
+        default=False,
+        metadata={
+            "help": "before each step the trainer waits until rollout has filled AReaL's staleness window, so batches hold tokens rollout.max_head_offpolicyness versions old whatever the load (sao_repro.areal.runahead; SPMD only; the CPU rehearsal's default)"
+        },
+    )
+    strict: bool = field(
+        default=True,
+        metadata={"help": "refuse a config that deviates from the registered setting (false: warn, for ablations)"},
+    )
 
     def __post_init__(self):
         if self.setting not in list_settings():
-            raise ValueError(f"sao.setting={self.setting!r} is not a registered setting; use one of {', '.join(list_settings())}")
-        for k in ("critic_k", "warmup_steps", "policy_lambda", "lambda_alpha", "critic_lambda", "adv_whiten", "critic_freeze"):  # the setting's own checks
+            raise ValueError(
+                f"sao.setting={self.setting!r} is not a registered setting; use one of {', '.join(list_settings())}"
+            )
+        for k in (
+            "critic_k",
+            "warmup_steps",
+            "policy_lambda",
+            "lambda_alpha",
+            "critic_lambda",
+            "adv_whiten",
+            "critic_freeze",
+        ):  # the setting's own checks
             check_knob(k, getattr(self, k), f"sao.{k}")
         if self.dis_band:
             dis_preset(self.dis_band, "sao.dis_band")
             if get_setting(self.setting).dis_band is None:
-                raise ValueError(f"sao.dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
-                                 "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)")
+                raise ValueError(
+                    f"sao.dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
+                    "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)"
+                )
         if self.running_mean_mode not in ("exact", "ema"):
             raise ValueError(f"sao.running_mean_mode={self.running_mean_mode!r}: use 'exact' or 'ema'")
 
@@ -76,7 +136,7 @@ class SAOSection:
         return replace(s, **ov)
 
     @property
-    def policy_lambda_value(self) -> float|str:
+    def policy_lambda_value(self) -> float | str:
         "`policy_lambda` as a float, or the string 'adaptive'."
         return "adaptive" if self.policy_lambda == "adaptive" else float(self.policy_lambda)
 
@@ -84,6 +144,7 @@ class SAOSection:
 @dataclass
 class SAOConfig(GRPOConfig):
     "AReaL 1.0.4 `GRPOConfig` plus the `sao:` and `reward:` sections."
+
     sao: SAOSection = field(default_factory=SAOSection, metadata={"help": "SAO-only knobs"})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "reward pool (sao_repro.reward)"})
 
@@ -91,28 +152,39 @@ class SAOConfig(GRPOConfig):
         super().__post_init__()
         problems = setting_mismatches(self)
         if problems and self.sao.strict:
-            raise ValueError(f"config does not match setting {self.sao.setting!r}:\n  " + "\n  ".join(problems)
-                             + "\nFix the keys above, or set sao.strict=false for a deliberate ablation.")
+            raise ValueError(
+                f"config does not match setting {self.sao.setting!r}:\n  "
+                + "\n  ".join(problems)
+                + "\nFix the keys above, or set sao.strict=false for a deliberate ablation."
+            )
         for p in problems:
             warnings.warn(f"setting {self.sao.setting!r}: {p}")
         half = optimizer_dtype_problems(self)  # AReaL issue 1292 (sao_repro.areal.guards)
         if half:
-            raise ValueError("optimizer state would be kept in half precision:\n  " + "\n  ".join(half)
-                             + f"\n(only with an AReaL that keeps float32 master weights by itself: {OFF_ENV}=optimizer_dtype)")
+            raise ValueError(
+                "optimizer state would be kept in half precision:\n  "
+                + "\n  ".join(half)
+                + f"\n(only with an AReaL that keeps float32 master weights by itself: {OFF_ENV}=optimizer_dtype)"
+            )
         for note in one_sequence_per_microbatch(self):
             logger.warning(note)
+
 
 @dataclass
 class SAOActorConfig(PPOActorConfig):
     "AReaL's actor config with the `sao:` section attached (what `SAOPPOActor` workers receive)."
+
     sao: SAOSection = field(default_factory=SAOSection)
+
 
 @dataclass
 class SAOCriticConfig(PPOCriticConfig):
     "AReaL's critic config with the `sao:` section attached (what `SAOPPOCritic` workers receive)."
+
     sao: SAOSection = field(default_factory=SAOSection)
 
-def with_sao(engine_config, sao:SAOSection):
+
+def with_sao(engine_config, sao: SAOSection):
     "Copy an AReaL actor / critic config into its SAO subclass carrying `sao`."
     cls = SAOCriticConfig if isinstance(engine_config, PPOCriticConfig) else SAOActorConfig
     kw = {f.name: getattr(engine_config, f.name) for f in fields(engine_config) if f.init and f.name != "sao"}
@@ -120,10 +192,11 @@ def with_sao(engine_config, sao:SAOSection):
 
 # %% ../../nbs/36_areal.config.ipynb #c54c8495
 def one_sequence_per_microbatch(
-    cfg, # a loaded `SAOConfig` (changed in place)
-) -> list[str]: # one log line per engine config that was changed
+    cfg,  # a loaded `SAOConfig` (changed in place)
+) -> list[str]:  # one log line per engine config that was changed
     "Without flash-attention, give each sequence its own micro-batch in the actor and critic (packing would mix them)."
     from areal.api.alloc_mode import ModelAllocation
+
     notes = []
     for role in ("actor", "critic"):
         eng = getattr(cfg, role, None)
@@ -133,13 +206,15 @@ def one_sequence_per_microbatch(
         n = max(1, cfg.sao.trajectories_per_step // dp)
         if (eng.mb_spec.n_mbs or 1) < n:
             eng.mb_spec.n_mbs = n
-            notes.append(f"{role}.attn_impl={eng.attn_impl}: packed micro-batches would attend across sequences "
-                         f"(only flash-attention honours cu_seq_lens); using one sequence per micro-batch "
-                         f"({role}.mb_spec.n_mbs={n})")
+            notes.append(
+                f"{role}.attn_impl={eng.attn_impl}: packed micro-batches would attend across sequences "
+                f"(only flash-attention honours cu_seq_lens); using one sequence per micro-batch "
+                f"({role}.mb_spec.n_mbs={n})"
+            )
     return notes
 
 # %% ../../nbs/36_areal.config.ipynb #ab8eb335
-def _norm_of(cfg) -> dict|None:
+def _norm_of(cfg) -> dict | None:
     "The comparable part of an AReaL `NormConfig` (or None)."
     if cfg is None:
         return None
@@ -148,22 +223,32 @@ def _norm_of(cfg) -> dict|None:
         d["group_size"] = cfg.group_size
     return d
 
-def _rs_of(rs) -> dict|None:
-    return None if rs is None else {"level": rs.level, "action": rs.action, "metric": rs.metric,
-                                     "lower": rs.lower, "upper": rs.upper}
+
+def _rs_of(rs) -> dict | None:
+    return (
+        None
+        if rs is None
+        else {"level": rs.level, "action": rs.action, "metric": rs.metric, "lower": rs.lower, "upper": rs.upper}
+    )
+
 
 def setting_mismatches(
-    cfg, # a loaded `SAOConfig`
+    cfg,  # a loaded `SAOConfig`
 ) -> list[str]:
     "Every way `cfg` differs from the registered setting `cfg.sao.setting` (empty: it matches)."
     s = cfg.sao.effective_setting()  # the band preset and critic_freeze are readings of the setting, not deviations
     out = []
+
     def need(key, have, want):
         if have != want:
             out.append(f"{key} is {have!r}; setting {s.name!r} needs {want!r}")
+
     need("gconfig.n_samples", cfg.gconfig.n_samples, s.group_size)
-    need("train_dataset.batch_size x gconfig.n_samples", cfg.train_dataset.batch_size * cfg.gconfig.n_samples,
-         cfg.sao.trajectories_per_step)
+    need(
+        "train_dataset.batch_size x gconfig.n_samples",
+        cfg.train_dataset.batch_size * cfg.gconfig.n_samples,
+        cfg.sao.trajectories_per_step,
+    )
     need("critic (present)", cfg.critic is not None, s.critic)
     if s.critic:
         need("sao.critic_k", cfg.sao.critic_k, s.critic_k)
@@ -190,8 +275,9 @@ def setting_mismatches(
 # %% ../../nbs/36_areal.config.ipynb #af5ef22d
 ENV_VARS = ("SAO_WS", "MODEL_ROOT", "REWARD_ROOT")
 
+
 def read_dotenv(
-    path:str|Path=".env", # a file of KEY=VALUE lines (# comments, optional quotes, optional `export `)
+    path: str | Path = ".env",  # a file of KEY=VALUE lines (# comments, optional quotes, optional `export `)
 ) -> dict[str, str]:
     "The variables a .env file sets (empty if there is no file)."
     p = Path(path)
@@ -206,9 +292,10 @@ def read_dotenv(
         out[k.strip()] = v.strip().strip("'\"")
     return out
 
+
 def config_env(
-    dotenv:str|Path|None=".env", # .env file to read (None: none)
-    placeholders:bool=False, # fill unset ENV_VARS with "<unset:NAME>" instead of failing later
+    dotenv: str | Path | None = ".env",  # .env file to read (None: none)
+    placeholders: bool = False,  # fill unset ENV_VARS with "<unset:NAME>" instead of failing later
 ) -> tuple[dict[str, str], list[str]]:
     "The environment configs resolve against, and the ENV_VARS that are unset."
     env = dict(os.environ)
@@ -221,7 +308,7 @@ def config_env(
     return env, missing
 
 # %% ../../nbs/36_areal.config.ipynb #1b35e576
-def check_config_file(path:Path, overrides=()):
+def check_config_file(path: Path, overrides=()):
     "A bounded parse of a config, the `defaults:` files beside it and the overrides; refuses runaway `${...}` chains."
     d = load_yaml_bounded(path, "config")
     d = d if isinstance(d, dict) else {}
@@ -236,7 +323,8 @@ def check_config_file(path:Path, overrides=()):
         merged[k.lstrip("+~")] = v
     check_interpolations(merged, f"config {path}")
 
-def config_error(e:Exception, path) -> ValueError:
+
+def config_error(e: Exception, path) -> ValueError:
     "Any error of loading a config as one message: an unknown key gets the nearest valid names."
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     key, typ = getattr(e, "full_key", None) or getattr(e, "key", None), getattr(e, "object_type", None)
@@ -244,27 +332,37 @@ def config_error(e:Exception, path) -> ValueError:
         msg = f"{key}: {msg}"
     if isinstance(e, KeyError) and key and is_dataclass(typ):
         close = difflib.get_close_matches(str(key).split(".")[-1], [f.name for f in fields(typ)], n=3)
-        msg += f"; did you mean {' or '.join(close)}?" if close else f"; valid keys: {', '.join(f.name for f in fields(typ))}"
+        msg += (
+            f"; did you mean {' or '.join(close)}?"
+            if close
+            else f"; valid keys: {', '.join(f.name for f in fields(typ))}"
+        )
     return ValueError(f"config {path}: {msg}")
 
 # %% ../../nbs/36_areal.config.ipynb #ecc6138c
 class _patched_environ:
     "Context manager: `os.environ` replaced by `env` (OmegaConf's oc.env reads os.environ), restored after."
-    def __init__(self, env): self.env = env
+
+    def __init__(self, env):
+        self.env = env
+
     def __enter__(self):
         self.saved = dict(os.environ)
         os.environ.clear()
         os.environ.update(self.env)
+
     def __exit__(self, *exc):
         os.environ.clear()
         os.environ.update(self.saved)
 
-def merge_overlay(raw, overlay:dict):
+
+def merge_overlay(raw, overlay: dict):
     "Merge an overlay into a composed config; a section the config leaves null (e.g. `critic`) stays null."
     keep = {k: v for k, v in overlay.items() if not (isinstance(v, dict) and k in raw and raw[k] is None)}
     raw = raw.copy()
     OmegaConf.set_struct(raw, False)  # Hydra composes in struct mode; AReaL's schema checks the keys afterwards
     return OmegaConf.merge(raw, OmegaConf.create(keep))
+
 
 def _read_overlay(path) -> dict:
     p = Path(path)
@@ -275,17 +373,22 @@ def _read_overlay(path) -> dict:
         raise ValueError(f"overlay {str(path)!r}: expected a mapping of config keys, got {type(d).__name__}")
     return d
 
+
 def load_sao_config(
-    path:str|Path, # a config file, e.g. configs/phase2_hard_sao.yaml
-    overrides:list[str]=(), # Hydra-style key=value overrides
-    dotenv:str|Path|None=".env", # .env file for SAO_WS / MODEL_ROOT / REWARD_ROOT
-    placeholders:bool=False, # resolve unset path variables to "<unset:NAME>"
-    overlays:list[str|Path]=(), # YAML files merged after `path` and before `overrides`, e.g. configs/cpu_rehearsal.yaml
+    path: str | Path,  # a config file, e.g. configs/phase2_hard_sao.yaml
+    overrides: list[str] = (),  # Hydra-style key=value overrides
+    dotenv: str | Path | None = ".env",  # .env file for SAO_WS / MODEL_ROOT / REWARD_ROOT
+    placeholders: bool = False,  # resolve unset path variables to "<unset:NAME>"
+    overlays: list[
+        str | Path
+    ] = (),  # YAML files merged after `path` and before `overrides`, e.g. configs/cpu_rehearsal.yaml
 ) -> SAOConfig:
     "Load, merge, type and validate a cluster config through AReaL 1.0.4's structured-config path."
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"config file {str(path)!r} not found; the configs are in configs/ (e.g. configs/phase2_hard_sao.yaml)")
+        raise FileNotFoundError(
+            f"config file {str(path)!r} not found; the configs are in configs/ (e.g. configs/phase2_hard_sao.yaml)"
+        )
     check_config_file(p, overrides)
     layers = [_read_overlay(o) for o in overlays]
     env, missing = config_env(dotenv, placeholders)
@@ -302,8 +405,10 @@ def load_sao_config(
             obj = OmegaConf.to_object(to_structured_cfg(raw, config_cls=SAOConfig))
         except Exception as e:  # noqa: BLE001 -- every config error becomes one message (exit 2 in the CLI)
             if missing and not placeholders:
-                raise ValueError(f"{str(e).splitlines()[0]}\nUnset environment variable(s): {', '.join(missing)}; "
-                                 "set them (see .env.example) or pass placeholders=True") from None
+                raise ValueError(
+                    f"{str(e).splitlines()[0]}\nUnset environment variable(s): {', '.join(missing)}; "
+                    "set them (see .env.example) or pass placeholders=True"
+                ) from None
             if isinstance(e, ValueError) and not type(e).__module__.startswith("omegaconf"):
                 raise  # the setting checks: they already name the keys and the fix
             raise config_error(e, path) from None
@@ -322,10 +427,12 @@ def _plain(x):
         return x.value
     return x
 
-def config_dict(cfg:SAOConfig) -> dict:
+
+def config_dict(cfg: SAOConfig) -> dict:
     "A resolved config as a plain dict."
     return _plain(cfg)
 
-def config_yaml(cfg:SAOConfig) -> str:
+
+def config_yaml(cfg: SAOConfig) -> str:
     "A resolved config as YAML text (what `sao-repro areal-config` prints)."
     return yaml.safe_dump(config_dict(cfg), sort_keys=False, default_flow_style=False)

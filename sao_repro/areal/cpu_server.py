@@ -31,12 +31,14 @@ from ..checks import port_arg
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925
 class CPUGenerator:
     "One causal LM on the CPU: sampling with a KV cache, per-token log-probs, reload from disk, pause."
-    def __init__(self,
-                 model_path:str, # a Hugging Face model folder
-                 logprob_noise:float=0.0, # std of Gaussian noise added to each reported log-prob
-                 sample_dtype:str="float32", # "float32" or "bfloat16" (autocast while sampling)
-                 seed:int=0, # sampling seed
-                ):
+
+    def __init__(
+        self,
+        model_path: str,  # a Hugging Face model folder
+        logprob_noise: float = 0.0,  # std of Gaussian noise added to each reported log-prob
+        sample_dtype: str = "float32",  # "float32" or "bfloat16" (autocast while sampling)
+        seed: int = 0,  # sampling seed
+    ):
         if sample_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"sample_dtype={sample_dtype!r}: use float32 or bfloat16")
         if not (logprob_noise >= 0 and logprob_noise < float("inf")):
@@ -49,9 +51,10 @@ class CPUGenerator:
         self.version, self.model_path, self.model = 0, None, None
         self.load(model_path)
 
-    def load(self, model_path:str):
+    def load(self, model_path: str):
         "Load (or reload, after a weight update) the model folder."
         from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).eval()
         with self.lock:
             self.model, self.model_path = model, model_path
@@ -59,12 +62,12 @@ class CPUGenerator:
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #3963af67
 def sample_token(
-    logits:torch.Tensor, # [V] next-token logits
-    temperature:float=1.0, # 0: greedy
-    top_p:float=1.0, # nucleus mass kept
-    top_k:int=-1, # keep the k most likely (<= 0: all)
-    generator:torch.Generator|None=None,
-) -> tuple[int, float]: # (token id, its log-prob under softmax(logits / T))
+    logits: torch.Tensor,  # [V] next-token logits
+    temperature: float = 1.0,  # 0: greedy
+    top_p: float = 1.0,  # nucleus mass kept
+    top_k: int = -1,  # keep the k most likely (<= 0: all)
+    generator: torch.Generator | None = None,
+) -> tuple[int, float]:  # (token id, its log-prob under softmax(logits / T))
     "Sample one token as vLLM does and report its log-probability under the temperature-scaled distribution."
     if temperature <= 0:
         tok = int(logits.argmax())
@@ -84,14 +87,17 @@ def sample_token(
 # %% ../../nbs/43_areal.cpu_server.ipynb #9fa992c0
 @patch
 @torch.inference_mode()
-def generate(self:CPUGenerator,
-             prompt:list[int], # token ids
-             max_tokens:int, # new tokens at most
-             temperature:float=1.0, top_p:float=1.0, top_k:int=-1,
-             stop_token_ids:list[int]|None=None, # extra stop tokens
-             ignore_eos:bool=False,
-             cancelled=None, # a callable: True once the client went away (generation stops, the lock is freed)
-             ) -> dict:
+def generate(
+    self: CPUGenerator,
+    prompt: list[int],  # token ids
+    max_tokens: int,  # new tokens at most
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    stop_token_ids: list[int] | None = None,  # extra stop tokens
+    ignore_eos: bool = False,
+    cancelled=None,  # a callable: True once the client went away (generation stops, the lock is freed)
+) -> dict:
     "Sample up to `max_tokens` tokens after `prompt` with a KV cache: tokens, log-probs and the finish reason."
     self.running.wait()  # paused: wait for /areal_continue_generation
     tokens, logps, reason = [], [], "length"
@@ -121,19 +127,29 @@ def generate(self:CPUGenerator,
     return {"tokens": tokens, "logprobs": logps, "finish_reason": reason}
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #29175f4d
-def completion_response(r:dict) -> dict:
+def completion_response(r: dict) -> dict:
     "A `CPUGenerator.generate` result in the shape of vLLM's `/v1/completions` answer."
-    return {"object": "text_completion", "choices": [{
-        "index": 0, "text": "", "finish_reason": r["finish_reason"],
-        "logprobs": {"tokens": [f"token:{t}" for t in r["tokens"]], "token_logprobs": r["logprobs"]}}]}
+    return {
+        "object": "text_completion",
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "finish_reason": r["finish_reason"],
+                "logprobs": {"tokens": [f"token:{t}" for t in r["tokens"]], "token_logprobs": r["logprobs"]},
+            }
+        ],
+    }
 
-def _whole(v, name:str) -> int:
+
+def _whole(v, name: str) -> int:
     "`v` as an int: an integer, or a float with no fraction (`1e9`); else a ValueError (a 400)."
     if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     return int(v)
 
-def sampling_params(engine:CPUGenerator, req:dict) -> dict:
+
+def sampling_params(engine: CPUGenerator, req: dict) -> dict:
     "The `generate` arguments of a `/v1/completions` request, checked: a ValueError (400) names what is wrong."
     prompt, vocab = req.get("prompt"), engine.model.config.vocab_size
     if not isinstance(prompt, list) or not prompt:
@@ -141,7 +157,11 @@ def sampling_params(engine:CPUGenerator, req:dict) -> dict:
     if any(type(t) is not int or not 0 <= t < vocab for t in prompt):
         raise ValueError(f"prompt: every token id must be an integer in 0..{vocab - 1}")
     temperature, top_p = req.get("temperature", 1.0), req.get("top_p", 1.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 <= temperature < float("inf")
+    ):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
@@ -156,61 +176,88 @@ def sampling_params(engine:CPUGenerator, req:dict) -> dict:
         if len(prompt) >= positions:
             raise ValueError(f"prompt has {len(prompt)} tokens; the model holds {positions} positions")
         max_tokens = min(max_tokens, positions - len(prompt))  # never past the model's length
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature), "top_p": float(top_p),
-            "top_k": _whole(req.get("top_k") or -1, "top_k"), "stop_token_ids": stops,
-            "ignore_eos": bool(req.get("ignore_eos", False))}
+    return {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "top_k": _whole(req.get("top_k") or -1, "top_k"),
+        "stop_token_ids": stops,
+        "ignore_eos": bool(req.get("ignore_eos", False)),
+    }
 
-def _completion(engine:CPUGenerator, req:dict, cancelled=None) -> dict:
+
+def _completion(engine: CPUGenerator, req: dict, cancelled=None) -> dict:
     return completion_response(engine.generate(**sampling_params(engine, req), cancelled=cancelled))
 
-def _routes(engine:CPUGenerator) -> dict:
+
+def _routes(engine: CPUGenerator) -> dict:
     "POST endpoint -> handler(request dict) -> answer dict."
+
     def update(req):
         path = req.get("model_path")
         if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
-            raise ValueError(f"model_path {path!r} is not a local model folder (no config.json there): weights are "
-                             "only loaded from this machine's disk, never downloaded")
+            raise ValueError(
+                f"model_path {path!r} is not a local model folder (no config.json there): weights are "
+                "only loaded from this machine's disk, never downloaded"
+            )
         engine.load(path)
         return {"success": True, "version": engine.version}
+
     def pause(req):
         engine.running.clear()
         return {"success": True}
+
     def resume(req):
         engine.running.set()
         return {"success": True}
-    return {"/v1/completions": lambda req: _completion(engine, req), "/areal_update_weights": update,
-            "/areal_pause_generation": pause, "/areal_continue_generation": resume,
-            "/sleep": lambda req: {"success": True}, "/wake_up": lambda req: {"success": True}}
+
+    return {
+        "/v1/completions": lambda req: _completion(engine, req),
+        "/areal_update_weights": update,
+        "/areal_pause_generation": pause,
+        "/areal_continue_generation": resume,
+        "/sleep": lambda req: {"success": True},
+        "/wake_up": lambda req: {"success": True},
+    }
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #cf8243e8
 KEY_ENV = "ADMIN_API_KEY"  # as the monitor's: the key a non-loopback bind needs
 
-def _is_loopback(host:str) -> bool:
+
+def _is_loopback(host: str) -> bool:
     h = host.strip("[]").lower()
     try:
         return h in ("localhost", "ip6-localhost") or ipaddress.ip_address(h).is_loopback
     except ValueError:
         return False
 
+
 MAX_BODY_BYTES = 64 << 20  # a request body larger than this is a 413
+
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # listen backlog: AReaL keeps many requests in flight (the default 5 drops them)
 
-def make_handler(engine:CPUGenerator):
+
+def make_handler(engine: CPUGenerator):
     "The request handler class serving `engine`."
     routes = _routes(engine)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
         def log_message(self, fmt, *args):  # AReaL polls /health: keep the log quiet
             pass
-        def _send(self, code:int, obj:dict):
+
+        def _send(self, code: int, obj: dict):
             body = json.dumps(obj).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
         def _allowed(self) -> bool:
             "With a key (a non-loopback bind), requests from other machines must carry it; this machine's are trusted."
             key, peer = self.server.api_key, self.client_address[0]
@@ -222,6 +269,7 @@ def make_handler(engine:CPUGenerator):
                 return True
             self._send(401, {"error": "missing or wrong key (X-API-Key header or Authorization: Bearer)"})
             return False
+
         def _gone(self) -> bool:
             "True when the client closed its connection (it will never read the answer)."
             try:
@@ -230,19 +278,25 @@ def make_handler(engine:CPUGenerator):
                 return self.connection.recv(1, socket.MSG_PEEK) == b""
             except OSError:
                 return True
+
         def do_GET(self):
             if not self._allowed():
                 return
             if self.path.split("?")[0] in ("/health", "/v1/models"):
                 return self._send(200, {"status": "ok", "model": engine.model_path, "version": engine.version})
             self._send(404, {"error": f"no endpoint GET {self.path}"})
+
         def do_POST(self):
             route = routes.get(self.path.split("?")[0])
             n = (self.headers.get("Content-Length") or "0").strip()
-            if not n.isdigit() or int(n) > MAX_BODY_BYTES:  # bad framing: answer, then close (the body cannot be skipped)
+            if (
+                not n.isdigit() or int(n) > MAX_BODY_BYTES
+            ):  # bad framing: answer, then close (the body cannot be skipped)
                 self.close_connection = True
-                return self._send(413 if n.isdigit() else 400,
-                                  {"error": f"Content-Length {n!r}: give the body's length in bytes, at most {MAX_BODY_BYTES}"})
+                return self._send(
+                    413 if n.isdigit() else 400,
+                    {"error": f"Content-Length {n!r}: give the body's length in bytes, at most {MAX_BODY_BYTES}"},
+                )
             raw = self.rfile.read(int(n)) if int(n) else b""
             if len(raw) < int(n):  # the client sent less than it announced and went away
                 self.close_connection = True
@@ -260,26 +314,31 @@ def make_handler(engine:CPUGenerator):
                 return self._send(400, {"error": f"{type(e).__name__}: {e}"})
             except Exception as e:  # the server stays up; AReaL sees the error
                 return self._send(500, {"error": repr(e)})
+
     return Handler
 
+
 def serve(
-    model:str, # model folder
-    host:str="127.0.0.1", # address to bind
-    port:int=0, # 0: any free port
-    api_key:str|None=None, # needed for a non-loopback `host`; requests from other machines must then carry it
-    **kw, # CPUGenerator options
+    model: str,  # model folder
+    host: str = "127.0.0.1",  # address to bind
+    port: int = 0,  # 0: any free port
+    api_key: str | None = None,  # needed for a non-loopback `host`; requests from other machines must then carry it
+    **kw,  # CPUGenerator options
 ) -> ThreadingHTTPServer:
     "A server bound to (host, port), not yet serving: call `serve_forever()` (port in `server_address`)."
     if not _is_loopback(host) and not api_key:
-        raise ValueError(f"refusing to listen on {host!r} without a key: anyone who can reach it could generate and load "
-                         f"weights. Set {KEY_ENV} (e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`), or bind 127.0.0.1.")
+        raise ValueError(
+            f"refusing to listen on {host!r} without a key: anyone who can reach it could generate and load "
+            f"weights. Set {KEY_ENV} (e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`), or bind 127.0.0.1."
+        )
     engine = CPUGenerator(model, **kw)
     try:
         srv = _Server((host, port), make_handler(engine))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise OSError(e.errno, f"port {port} on {host} is already in use; pick another with --port "
-                                   f"(or 0 for any free port)") from None
+            raise OSError(
+                e.errno, f"port {port} on {host} is already in use; pick another with --port (or 0 for any free port)"
+            ) from None
         raise
     srv.daemon_threads = True
     srv.engine, srv.api_key = engine, api_key or None
@@ -288,33 +347,50 @@ def serve(
 # %% ../../nbs/43_areal.cpu_server.ipynb #ffbcfe42
 CPU_SERVER_OPTS_ENV = "SAO_CPU_SERVER_OPTS"
 
-def server_cmd(server_args:dict, opts:str|None=None) -> list[str]:
+
+def server_cmd(server_args: dict, opts: str | None = None) -> list[str]:
     "The command that starts this server for AReaL's vLLM server arguments (model, host, port)."
     opts = os.environ.get(CPU_SERVER_OPTS_ENV, "") if opts is None else opts
-    return [sys.executable, "-m", "sao_repro.areal.cpu_server", "--model", str(server_args["model"]),
-            "--host", str(server_args.get("host") or "127.0.0.1"), "--port", str(server_args["port"]), *shlex.split(opts)]
+    return [
+        sys.executable,
+        "-m",
+        "sao_repro.areal.cpu_server",
+        "--model",
+        str(server_args["model"]),
+        "--host",
+        str(server_args.get("host") or "127.0.0.1"),
+        "--port",
+        str(server_args["port"]),
+        *shlex.split(opts),
+    ]
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #4f7d4565
 def _engine_classes():
     "Subclasses of AReaL's vLLM client whose server is this one (built on first use: AReaL imports are heavy)."
     from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
     from .guards import pin_served_version
+
     class CPUvLLMBackend(VLLMBackend):
         "AReaL's vLLM protocol; `launch_server` starts the CPU server."
-        def launch_server(self, server_args:dict) -> subprocess.Popen:
+
+        def launch_server(self, server_args: dict) -> subprocess.Popen:
             # AReaL binds the machine's address, not loopback: the server then needs a key (its own clients, on this
             # machine, are trusted; other machines would need the key)
             env = {**os.environ, KEY_ENV: os.environ.get(KEY_ENV) or secrets.token_hex(16)}
             return subprocess.Popen(server_cmd(server_args), stdout=sys.stdout, stderr=sys.stdout, env=env)
+
     class CPURemotevLLMEngine(RemotevLLMEngine):
         "AReaL's vLLM client talking to (and, in single-controller mode, launching) the CPU server."
+
         def __init__(self, config):
             super().__init__(config)
             self._engine.backend = CPUvLLMBackend()
             pin_served_version(self._engine)  # AReaL PR 1569's guard (sao_repro.areal.guards)
+
     for c in (CPUvLLMBackend, CPURemotevLLMEngine):
         c.__module__ = __name__
     return {"CPUvLLMBackend": CPUvLLMBackend, "CPURemotevLLMEngine": CPURemotevLLMEngine}
+
 
 def __getattr__(name):  # `sao_repro.areal.cpu_server.CPURemotevLLMEngine`, importable by AReaL's workers
     if name in ("CPUvLLMBackend", "CPURemotevLLMEngine"):
@@ -324,34 +400,57 @@ def __getattr__(name):  # `sao_repro.areal.cpu_server.CPURemotevLLMEngine`, impo
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #3ccc4825
 def cpu_server_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro cpu-server", description="Serve a causal LM on the CPU with the "
-                                "endpoints AReaL 1.0.4's vLLM client calls (rehearsals; vLLM or SGLang on GPUs).")
-    p.add_argument("--model", required=True, help="Hugging Face model folder (e.g. the one `sao-repro rehearse` builds)")
-    p.add_argument("--host", default="127.0.0.1", help=f"address to bind (default 127.0.0.1); any other address needs "
-                                                        f"{KEY_ENV} in the environment, and requests from other machines must carry it")
+    p = argparse.ArgumentParser(
+        prog="sao-repro cpu-server",
+        description="Serve a causal LM on the CPU with the "
+        "endpoints AReaL 1.0.4's vLLM client calls (rehearsals; vLLM or SGLang on GPUs).",
+    )
+    p.add_argument(
+        "--model", required=True, help="Hugging Face model folder (e.g. the one `sao-repro rehearse` builds)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help=f"address to bind (default 127.0.0.1); any other address needs "
+        f"{KEY_ENV} in the environment, and requests from other machines must carry it",
+    )
     p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 = any free port)")
-    p.add_argument("--logprob-noise", type=float, default=0.0,
-                   help="std of Gaussian noise on the reported log-probs: a behaviour/trainer mismatch for DIS to mask (default 0)")
-    p.add_argument("--sample-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="sample under bfloat16 autocast to mimic a lower-precision engine (default float32)")
+    p.add_argument(
+        "--logprob-noise",
+        type=float,
+        default=0.0,
+        help="std of Gaussian noise on the reported log-probs: a behaviour/trainer mismatch for DIS to mask (default 0)",
+    )
+    p.add_argument(
+        "--sample-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="sample under bfloat16 autocast to mimic a lower-precision engine (default float32)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a tiny model runs fastest on one)")
     return p
 
-def cpu_server_main(argv:list[str]|None=None) -> int:
+
+def cpu_server_main(argv: list[str] | None = None) -> int:
     "`sao-repro cpu-server`: serve until interrupted."
     a = cpu_server_parser().parse_args(argv)
     from sao_repro.areal.train import exit_with_parent
+
     exit_with_parent()  # started by `sao-repro rehearse`: no server outlives it
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         cpu_server_parser().error(f"--model {a.model}: no config.json there; give a Hugging Face model folder")
     torch.set_num_threads(max(1, a.threads))
     key = os.environ.get(KEY_ENV) or None
     if not _is_loopback(a.host) and not key:
-        cpu_server_parser().error(f"--host {a.host}: a non-loopback address needs {KEY_ENV} in the environment "
-                                  f"(e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`); or bind 127.0.0.1")
+        cpu_server_parser().error(
+            f"--host {a.host}: a non-loopback address needs {KEY_ENV} in the environment "
+            f"(e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`); or bind 127.0.0.1"
+        )
     try:
-        srv = serve(a.model, a.host, a.port, key, logprob_noise=a.logprob_noise, sample_dtype=a.sample_dtype, seed=a.seed)
+        srv = serve(
+            a.model, a.host, a.port, key, logprob_noise=a.logprob_noise, sample_dtype=a.sample_dtype, seed=a.seed
+        )
     except (OSError, ValueError) as e:
         print(f"sao-repro cpu-server: {e}", file=sys.stderr)
         return 2

@@ -38,8 +38,10 @@ def _sao_of(config) -> SAOSection:
     "The `sao:` section an engine config carries (a plain AReaL config gets the defaults of setting 'sao')."
     return getattr(config, "sao", None) or SAOSection()
 
+
 class SAOPPOActor(PPOActor):
     "AReaL's PPO actor with SAO's advantages, warmup, running-mean baseline and DIS statistics."
+
     def __init__(self, config, engine):
         super().__init__(config, engine)
         self.sao = _sao_of(config)
@@ -49,9 +51,16 @@ class SAOPPOActor(PPOActor):
         if self.setting.advantage == "running_mean":
             # the engine's data-parallel group exists only after its initialize(): resolve it at the first call
             group = (lambda: getattr(engine, "data_parallel_group", None)) if engine is not None else None
-            self.reward_norm = RunningMeanRewardNorm(self.sao.running_mean_mode, self.sao.running_mean_decay, group=group)
+            self.reward_norm = RunningMeanRewardNorm(
+                self.sao.running_mean_mode, self.sao.running_mean_decay, group=group
+            )
         rn = getattr(config, "reward_norm", None)
-        if rn is not None and (rn.mean_level, rn.std_level) == ("group", "group") and not rn.mean_leave1out and rn.std_unbiased:
+        if (
+            rn is not None
+            and (rn.mean_level, rn.std_level) == ("group", "group")
+            and not rn.mean_leave1out
+            and rn.std_unbiased
+        ):
             self.reward_norm = GroupRewardNorm(rn.group_size)  # GRPO as the testbed computes it (not std + 1e-5)
 
     def in_warmup(self) -> bool:
@@ -61,16 +70,20 @@ class SAOPPOActor(PPOActor):
         return int(self.engine.get_version()) < self.sao.warmup_steps
 
 # %% ../../nbs/38_areal.engine.ipynb #5867a2a7
-def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def _shaped_rewards(self: SAOPPOActor, data: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """AReaL 1.0.4's `_compute_advantages` before its GAE loop, the outcome reward on each row's last action:
     returns (data, token rewards, KL rewards)."""
     from areal.utils.functional import reward_overlong_penalty
+
     bs = data["input_ids"].shape[0]
     batch_indices = torch.arange(bs, device=data["input_ids"].device, dtype=torch.long)
     if self.config.overlong_reward_penalty:
-        data = reward_overlong_penalty(data, overlong_tokens=self.config.overlong_tokens,
-                                       overlong_penalty_factor=self.config.overlong_penalty_factor,
-                                       max_response_length=self.config.max_new_tokens)
+        data = reward_overlong_penalty(
+            data,
+            overlong_tokens=self.config.overlong_tokens,
+            overlong_penalty_factor=self.config.overlong_penalty_factor,
+            max_response_length=self.config.max_new_tokens,
+        )
     reward_score = (data["rewards"] + self.reward_bias) * self.reward_scaling
     reward_score = torch.clip(reward_score, max=self.reward_clip, min=-self.reward_clip)
     if self.reward_norm:
@@ -102,9 +115,9 @@ def _shaped_rewards(self:SAOPPOActor, data:dict) -> tuple[dict, torch.Tensor, to
 
 # %% ../../nbs/38_areal.engine.ipynb #b7e0a102
 def version_stats(
-    versions:torch.Tensor, # (B, T) int: the weight version of each token (anything off the loss mask: -1, 0 in padding)
-    current:int, # the trainer's weight version at this step
-    loss_mask:torch.Tensor, # (B, T) 1 on generated tokens (unshifted, as AReaL stores it): only these count
+    versions: torch.Tensor,  # (B, T) int: the weight version of each token (anything off the loss mask: -1, 0 in padding)
+    current: int,  # the trainer's weight version at this step
+    loss_mask: torch.Tensor,  # (B, T) 1 on generated tokens (unshifted, as AReaL stores it): only these count
 ) -> dict:
     "rollout/ version_min, version_max, trainer_version, resubmitted_frac (sequences generated across a weight update)."
     out = loss_mask.bool()
@@ -114,16 +127,21 @@ def version_stats(
     lo = torch.where(out, versions, big).min(-1).values
     hi = torch.where(out, versions, -1).max(-1).values
     has = out.any(-1)
-    return {"rollout/version_min": float(lo[has].min()), "rollout/version_max": float(hi[has].max()),
-            "rollout/trainer_version": float(current),
-            "rollout/resubmitted_frac": float(((hi > lo) & has).sum() / has.sum())}
+    return {
+        "rollout/version_min": float(lo[has].min()),
+        "rollout/version_max": float(hi[has].max()),
+        "rollout/trainer_version": float(current),
+        "rollout/resubmitted_frac": float(((hi > lo) & has).sum() / has.sum()),
+    }
+
 
 def logp_gap_stats(
-    prox_logp:torch.Tensor, # (B, T) the trainer's log-prob of token t+1 at position t
-    logprobs:torch.Tensor, # (B, T) the engine's (behaviour) log-prob of token t, as AReaL stores it
-    loss_mask:torch.Tensor, # (B, T) 1 on generated tokens (unshifted, as AReaL stores it)
-    versions:torch.Tensor|None=None, # (B, T) the weight version of token t (unshifted); None: every token counts as current
-    current:int|None=None, # the trainer's weight version
+    prox_logp: torch.Tensor,  # (B, T) the trainer's log-prob of token t+1 at position t
+    logprobs: torch.Tensor,  # (B, T) the engine's (behaviour) log-prob of token t, as AReaL stores it
+    loss_mask: torch.Tensor,  # (B, T) 1 on generated tokens (unshifted, as AReaL stores it)
+    versions: torch.Tensor
+    | None = None,  # (B, T) the weight version of token t (unshifted); None: every token counts as current
+    current: int | None = None,  # the trainer's weight version
 ) -> dict:
     """rollout/logp_gap_max and _mean: |trainer - engine| log-prob over the generated tokens of the trainer's version
     (0 when the engine served the weights it said it had); rollout/logp_gap_old_max over tokens of older versions and
@@ -140,12 +158,13 @@ def logp_gap_stats(
             out["rollout/logp_gap_old_max"] = float(gap[mask & ~cur].max())
     return out
 
+
 def mismatch_stats(
-    prox_logp:torch.Tensor|None, # (B, T) the trainer's log-prob of token t+1 at position t; None: not recomputed
-    logprobs:torch.Tensor, # (B, T) the engine's log-prob of token t, as AReaL stores it
-    loss_mask:torch.Tensor, # (B, T) 1 on generated tokens (unshifted)
-    versions:torch.Tensor, # (B, T) the weight version of token t (unshifted)
-    current:int, # the trainer's weight version
+    prox_logp: torch.Tensor | None,  # (B, T) the trainer's log-prob of token t+1 at position t; None: not recomputed
+    logprobs: torch.Tensor,  # (B, T) the engine's log-prob of token t, as AReaL stores it
+    loss_mask: torch.Tensor,  # (B, T) 1 on generated tokens (unshifted)
+    versions: torch.Tensor,  # (B, T) the weight version of token t (unshifted)
+    current: int,  # the trainer's weight version
 ) -> dict:
     """The `mismatch/` figures of an AReaL batch (`sao_repro.mismatch`), its tensors aligned on the action first;
     the lag alone where the setting does not recompute the trainer's log-probs."""
@@ -157,19 +176,35 @@ def mismatch_stats(
 
 # %% ../../nbs/38_areal.engine.ipynb #6e68d697
 @patch
-def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
+def _compute_advantages(self: SAOPPOActor, data: dict) -> dict:
     "AReaL's reward shaping, then skip-obs GAE (vectorized; no bootstrap from the padded width)."
     if data.get("versions") is not None:  # which weights generated the batch, against the trainer's version
         current = int(self.engine.get_version())
         stats_tracker.scalar(**version_stats(data["versions"], current, data["loss_mask"]))
-        stats_tracker.scalar(**mismatch_stats(data.get("prox_logp"), data["logprobs"], data["loss_mask"], data["versions"], current))
+        stats_tracker.scalar(
+            **mismatch_stats(data.get("prox_logp"), data["logprobs"], data["loss_mask"], data["versions"], current)
+        )
     if data.get("prox_logp") is not None:  # the engine's log-probs against the trainer's, token by token
-        stats_tracker.scalar(**logp_gap_stats(data["prox_logp"], data["logprobs"], data["loss_mask"],
-                                              data.get("versions"), int(self.engine.get_version())))
+        stats_tracker.scalar(
+            **logp_gap_stats(
+                data["prox_logp"],
+                data["logprobs"],
+                data["loss_mask"],
+                data.get("versions"),
+                int(self.engine.get_version()),
+            )
+        )
     data, rewards, kl_rewards = _shaped_rewards(self, data)
     values = data["values"] if "values" in data else torch.zeros_like(rewards)
-    adv, ret = skip_obs_advantages(rewards, values, data["loss_mask"], self.discount, self.sao.policy_lambda_value,
-                                   self.sao.critic_lambda, self.sao.lambda_alpha)
+    adv, ret = skip_obs_advantages(
+        rewards,
+        values,
+        data["loss_mask"],
+        self.discount,
+        self.sao.policy_lambda_value,
+        self.sao.critic_lambda,
+        self.sao.lambda_alpha,
+    )
     if self.adv_norm is not None:
         adv = self.adv_norm(adv, data["loss_mask"])
     if self.sao.adv_whiten:  # after the returns: the critic's targets are untouched (as the testbed does)
@@ -181,20 +216,32 @@ def _compute_advantages(self:SAOPPOActor, data:dict) -> dict:
         stats_tracker.scalar(**{"adv/max": float(adv[am].max())})
     data["kl_rewards"] = kl_rewards
     data["tot_rewards"] = rewards
-    if isinstance(self.reward_norm, RunningMeanRewardNorm):  # the baseline's state, so a resumed run shows it continuing
-        stats_tracker.scalar(**{"adv/baseline": self.reward_norm.mean, "adv/baseline_count": float(self.reward_norm.baseline.count)})
+    if isinstance(
+        self.reward_norm, RunningMeanRewardNorm
+    ):  # the baseline's state, so a resumed run shows it continuing
+        stats_tracker.scalar(
+            **{"adv/baseline": self.reward_norm.mean, "adv/baseline_count": float(self.reward_norm.baseline.count)}
+        )
     return data
 
 # %% ../../nbs/38_areal.engine.ipynb #71c031cf
 @patch
-def _ppo_update(self:SAOPPOActor, data:dict) -> None:
+def _ppo_update(self: SAOPPOActor, data: dict) -> None:
     "Log the token-weighted `dis/` fractions of the whole local batch, then AReaL's update."
     if self.band is not None and data.get("prox_logp") is not None:
-        log_dis_stats(stats_tracker.DEFAULT_TRACKER, data["prox_logp"], data["logprobs"], data["loss_mask"], self.band, ReduceType.AVG)
+        log_dis_stats(
+            stats_tracker.DEFAULT_TRACKER,
+            data["prox_logp"],
+            data["logprobs"],
+            data["loss_mask"],
+            self.band,
+            ReduceType.AVG,
+        )
     PPOActor._ppo_update(self, data)
 
+
 @patch
-def ppo_update(self:SAOPPOActor, data:list) -> None:
+def ppo_update(self: SAOPPOActor, data: list) -> None:
     "AReaL's PPO update, skipped during the critic-only warmup steps."
     if self.in_warmup():
         stats_tracker.scalar(**{"actor/warmup": 1.0})
@@ -205,11 +252,12 @@ def ppo_update(self:SAOPPOActor, data:list) -> None:
 # %% ../../nbs/38_areal.engine.ipynb #00b589c2
 class SAOPPOCritic(PPOCritic):
     "AReaL's PPO critic run `sao.critic_k` times per step; logs `critic/explained_var` before the update."
+
     def __init__(self, config, engine):
         super().__init__(config, engine)
         self.sao = _sao_of(config)
 
-    def ppo_update(self, data:list) -> None:
+    def ppo_update(self, data: list) -> None:
         ev = explained_variance(data)
         health = critic_health(data, self.config)
         with stats_tracker.DEFAULT_TRACKER.disable_scope():
@@ -217,9 +265,10 @@ class SAOPPOCritic(PPOCritic):
         for _ in range(self.sao.critic_k):
             PPOCritic.ppo_update(self, data)
 
+
 def explained_variance(
-    data:list, # per-trajectory dicts with "values", "returns", "loss_mask" (AReaL layout after advantages)
-) -> float|None:
+    data: list,  # per-trajectory dicts with "values", "returns", "loss_mask" (AReaL layout after advantages)
+) -> float | None:
     "1 - Var(returns - values) / Var(returns) over the action tokens of the local batch (None if undefined)."
     keys = ("values", "returns", "loss_mask")
     if not data or not all(k in d for d in data for k in keys):
@@ -228,9 +277,10 @@ def explained_variance(
     ev = masked_explained_variance(v.float(), r.float(), m.bool())
     return None if math.isnan(ev) else ev
 
+
 def critic_health(
-    data:list, # per-trajectory dicts with "returns", "loss_mask"
-    config, # the critic's PPOCriticConfig (its optimizer's gradient_clipping)
+    data: list,  # per-trajectory dicts with "returns", "loss_mask"
+    config,  # the critic's PPOCriticConfig (its optimizer's gradient_clipping)
 ) -> dict:
     "`critic/grad_clip` and `critic/returns_std`: what the starved-critic and degenerate-returns flags read."
     out = {}
@@ -245,7 +295,8 @@ def critic_health(
 # %% ../../nbs/38_areal.engine.ipynb #a47f617f
 SAO_STATE_FILE = "sao_state.json"
 
-def save_sao_state(actor:SAOPPOActor, path:str|None) -> str|None:
+
+def save_sao_state(actor: SAOPPOActor, path: str | None) -> str | None:
     "Write the actor's SAO state under `path` (rank 0 only); returns the file written, if any."
     if not path or not isinstance(getattr(actor, "reward_norm", None), RunningMeanRewardNorm):
         return None
@@ -257,7 +308,8 @@ def save_sao_state(actor:SAOPPOActor, path:str|None) -> str|None:
         json.dump({"reward_norm": actor.reward_norm.state_dict(), "setting": actor.sao.setting}, fh)
     return f
 
-def load_sao_state(actor:SAOPPOActor, path:str|None) -> bool:
+
+def load_sao_state(actor: SAOPPOActor, path: str | None) -> bool:
     "Restore the actor's SAO state from `path` if a state file is there; True if restored."
     f = os.path.join(path or "", SAO_STATE_FILE)
     if not path or not os.path.isfile(f) or not isinstance(getattr(actor, "reward_norm", None), RunningMeanRewardNorm):
@@ -270,41 +322,56 @@ def load_sao_state(actor:SAOPPOActor, path:str|None) -> bool:
 # %% ../../nbs/38_areal.engine.ipynb #ci3d4e5f
 CRITIC_INIT_ARCH = "ForTokenClassification"  # AReaL's critic: AutoModelForTokenClassification(num_labels=1)
 
-def _testbed_checkpoint(p:Path) -> bool:
+
+def _testbed_checkpoint(p: Path) -> bool:
     return (p.is_file() and p.suffix == ".pt") or (p.is_dir() and any((p / "checkpoints").glob("step_*.pt")))
 
+
 def critic_init_source(
-    path:str, # `sao.critic_init`: an AReaL critic checkpoint folder
-    digest:bool=True, # compute the sha256 of the weight files (rank 0, for config.json; the engine skips it)
+    path: str,  # `sao.critic_init`: an AReaL critic checkpoint folder
+    digest: bool = True,  # compute the sha256 of the weight files (rank 0, for config.json; the engine skips it)
 ) -> dict:
     "The checked source of a critic warm start: `{path, step, sha256, files, architecture}`; anything else raises."
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"sao.critic_init={path}: no such folder")
     if _testbed_checkpoint(p):
-        raise ValueError(f"sao.critic_init={path}: a testbed (mini backend) critic; it cannot warm-start an AReaL critic: "
-                         "the testbed's CriticModel is its own small transformer with its own tokenizer, not the Hugging "
-                         "Face model of critic.path, so no parameter corresponds. Give an AReaL critic checkpoint "
-                         "folder (config.json + *.safetensors) saved by an earlier cluster run")
+        raise ValueError(
+            f"sao.critic_init={path}: a testbed (mini backend) critic; it cannot warm-start an AReaL critic: "
+            "the testbed's CriticModel is its own small transformer with its own tokenizer, not the Hugging "
+            "Face model of critic.path, so no parameter corresponds. Give an AReaL critic checkpoint "
+            "folder (config.json + *.safetensors) saved by an earlier cluster run"
+        )
     files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
     if not files or not (p / "config.json").is_file():
-        raise ValueError(f"sao.critic_init={path}: not a Hugging Face checkpoint folder (needs config.json and "
-                         "*.safetensors, as AReaL's critic engine saves them)")
+        raise ValueError(
+            f"sao.critic_init={path}: not a Hugging Face checkpoint folder (needs config.json and "
+            "*.safetensors, as AReaL's critic engine saves them)"
+        )
     arch = (json.loads((p / "config.json").read_text()).get("architectures") or ["?"])[0]
     if not arch.endswith(CRITIC_INIT_ARCH):
-        raise ValueError(f"sao.critic_init={path}: a {arch} checkpoint, not a critic (*{CRITIC_INIT_ARCH}); "
-                         "give the critic's checkpoint folder, not the policy's")
+        raise ValueError(
+            f"sao.critic_init={path}: a {arch} checkpoint, not a critic (*{CRITIC_INIT_ARCH}); "
+            "give the critic's checkpoint folder, not the policy's"
+        )
     step = re.search(r"globalstep(\d+)", str(p.resolve()))
     h = file_sha256(*files) if digest else None
-    return {"path": str(p.resolve()), "step": int(step.group(1)) if step else None,
-            "sha256": h, "files": [f.name for f in files], "architecture": arch}
+    return {
+        "path": str(p.resolve()),
+        "step": int(step.group(1)) if step else None,
+        "sha256": h,
+        "files": [f.name for f in files],
+        "architecture": arch,
+    }
+
 
 def check_critic_shapes(
-    model:torch.nn.Module, # the critic engine's model (FSDP2: parameters are DTensors with their full shapes)
-    path:str, # a checked `critic_init_source` folder
+    model: torch.nn.Module,  # the critic engine's model (FSDP2: parameters are DTensors with their full shapes)
+    path: str,  # a checked `critic_init_source` folder
 ) -> None:
     "Every parameter name and shape of `model` equals the checkpoint's (safetensors headers); else a `ValueError` naming them."
     from safetensors import safe_open
+
     have = {}
     for f in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
@@ -312,19 +379,24 @@ def check_critic_shapes(
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
     if bad:
-        raise ValueError(f"sao.critic_init={path}: shapes differ from this run's critic at "
-                         + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8])
-                         + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
+        raise ValueError(
+            f"sao.critic_init={path}: shapes differ from this run's critic at "
+            + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8])
+            + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        )
 
-def init_critic(engine) -> dict|None:
+
+def init_critic(engine) -> dict | None:
     "Warm-start the critic engine from `sao.critic_init` (checked, then AReaL's `_load_model_from_hf`); returns the source."
     path = _sao_of(engine.config).critic_init
     if not path:
         return None
     src = critic_init_source(path, digest=False)
     if isinstance(engine.model, (list, tuple)):
-        raise ValueError(f"sao.critic_init={path}: the Megatron critic engine's parameter names are not the checkpoint's; "
-                         "use the FSDP critic engine (critic.backend fsdp:...) for a warm start")
+        raise ValueError(
+            f"sao.critic_init={path}: the Megatron critic engine's parameter names are not the checkpoint's; "
+            "use the FSDP critic engine (critic.backend fsdp:...) for a warm start"
+        )
     check_critic_shapes(engine.model, src["path"])
     engine._load_model_from_hf(src["path"])
     print(f"sao: critic_init: critic loaded from {src['path']} (step {src['step']})")
@@ -338,6 +410,7 @@ ENGINE_BASES = {  # our class name -> (AReaL module, AReaL class, role)
     "SAOMegatronPPOCritic": ("areal.engine.megatron_engine", "MegatronPPOCritic", "critic"),
 }
 
+
 def freeze_critic(engine) -> list[str]:
     "Freeze the critic engine's parameters named by `sao.critic_freeze` (`freeze_params`); logs and returns them."
     model = engine.model
@@ -347,46 +420,69 @@ def freeze_critic(engine) -> list[str]:
         print(f"sao: critic_freeze={_sao_of(engine.config).critic_freeze}: {len(names)} parameter tensors frozen")
     return names
 
-def make_engine_class(base:type, role:str, name:str|None=None) -> type:
+
+def make_engine_class(base: type, role: str, name: str | None = None) -> type:
     "Subclass an AReaL PPO engine so it runs `SAOPPOActor` / `SAOPPOCritic` and checkpoints the SAO state."
     name = name or f"SAO{base.__name__}"
+
     def __init__(self, config):
         base.__init__(self, config)
         if role == "actor":
             self.actor = SAOPPOActor(config, self)
         else:
             self.critic = SAOPPOCritic(config, self)
+
     def save(self, meta):
         out = base.save(self, meta)
         if role == "actor":
             save_sao_state(self.actor, getattr(meta, "path", None))
         return out
+
     def _create_optimizer(self, ft_spec):
         if role == "critic":  # warm start first; frozen parameters get no gradient, hence no optimizer state
             init_critic(self)
             freeze_critic(self)
         return base._create_optimizer(self, ft_spec)
+
     def load(self, meta):
         out = base.load(self, meta)
         if role == "actor":
             load_sao_state(self.actor, getattr(meta, "path", None))
         return out
-    return type(name, (base,), {"__init__": __init__, "save": save, "load": load, "_create_optimizer": _create_optimizer,
-                                "__module__": "sao_repro.areal.engine", "__qualname__": name,
-                                "__doc__": f"AReaL's {base.__name__} running SAO's {role}."})
 
-def engine_class_name(role:str, backend:str) -> str:
+    return type(
+        name,
+        (base,),
+        {
+            "__init__": __init__,
+            "save": save,
+            "load": load,
+            "_create_optimizer": _create_optimizer,
+            "__module__": "sao_repro.areal.engine",
+            "__qualname__": name,
+            "__doc__": f"AReaL's {base.__name__} running SAO's {role}.",
+        },
+    )
+
+
+def engine_class_name(role: str, backend: str) -> str:
     "Our engine class for an allocation backend ('fsdp' or 'megatron') and role ('actor' or 'critic')."
-    names = {("fsdp", "actor"): "SAOFSDPPPOActor", ("fsdp", "critic"): "SAOFSDPPPOCritic",
-             ("megatron", "actor"): "SAOMegatronPPOActor", ("megatron", "critic"): "SAOMegatronPPOCritic"}
+    names = {
+        ("fsdp", "actor"): "SAOFSDPPPOActor",
+        ("fsdp", "critic"): "SAOFSDPPPOCritic",
+        ("megatron", "actor"): "SAOMegatronPPOActor",
+        ("megatron", "critic"): "SAOMegatronPPOCritic",
+    }
     if (backend, role) not in names:
         raise ValueError(f"no SAO engine for backend={backend!r}, role={role!r}; use fsdp or megatron")
     return names[(backend, role)]
+
 
 def __getattr__(name):
     if name not in ENGINE_BASES:
         raise AttributeError(f"module 'sao_repro.areal.engine' has no attribute {name!r}")
     import importlib
+
     mod, base_name, role = ENGINE_BASES[name]
     cls = make_engine_class(getattr(importlib.import_module(mod), base_name), role, name)
     globals()[name] = cls

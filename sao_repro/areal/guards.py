@@ -17,26 +17,49 @@ from dataclasses import dataclass
 
 # %% ../../nbs/46_areal.guards.ipynb #f65e3878
 logger = logging.getLogger("sao_repro.areal")
-OFF_ENV = "SAO_AREAL_GUARDS_OFF"  # comma-separated guard names (or `all`) to switch off: tests, or after an AReaL upgrade
+OFF_ENV = (
+    "SAO_AREAL_GUARDS_OFF"  # comma-separated guard names (or `all`) to switch off: tests, or after an AReaL upgrade
+)
+
 
 @dataclass(frozen=True)
 class Guard:
     "One AReaL bug this package guards against."
-    name:str # switch name (`SAO_AREAL_GUARDS_OFF`)
-    bug:str # what goes wrong
-    fixed_by:str # the AReaL change that fixes it
-    fixed_in:str # the first AReaL release with that change
 
-GUARDS = {g.name: g for g in (
-    Guard("staleness", "after a recover the staleness manager's accepted count restarts at 0 while the version jumps: "
-          "rollout runs beyond max_head_offpolicyness (AReaL issue 1388)", "PR 1345", "2.0.0"),
-    Guard("version", "agenerate labels tokens with the weight version read after the response, not the one that "
-          "served the request", "PR 1569", "none yet (main after 2.0.0)"),
-    Guard("optimizer_dtype", "FSDP keeps AdamW's state in bf16 when the parameters are bf16 (AReaL issue 1292)",
-          "PR 1369 (optimizer_dtype)", "2.0.0"),
-)}
+    name: str  # switch name (`SAO_AREAL_GUARDS_OFF`)
+    bug: str  # what goes wrong
+    fixed_by: str  # the AReaL change that fixes it
+    fixed_in: str  # the first AReaL release with that change
 
-def guard_on(name:str) -> bool:
+
+GUARDS = {
+    g.name: g
+    for g in (
+        Guard(
+            "staleness",
+            "after a recover the staleness manager's accepted count restarts at 0 while the version jumps: "
+            "rollout runs beyond max_head_offpolicyness (AReaL issue 1388)",
+            "PR 1345",
+            "2.0.0",
+        ),
+        Guard(
+            "version",
+            "agenerate labels tokens with the weight version read after the response, not the one that "
+            "served the request",
+            "PR 1569",
+            "none yet (main after 2.0.0)",
+        ),
+        Guard(
+            "optimizer_dtype",
+            "FSDP keeps AdamW's state in bf16 when the parameters are bf16 (AReaL issue 1292)",
+            "PR 1369 (optimizer_dtype)",
+            "2.0.0",
+        ),
+    )
+}
+
+
+def guard_on(name: str) -> bool:
     "Is guard `name` on (not listed in $SAO_AREAL_GUARDS_OFF)?"
     if name not in GUARDS:
         raise ValueError(f"unknown AReaL guard {name!r}; the guards are {', '.join(GUARDS)}")
@@ -44,20 +67,26 @@ def guard_on(name:str) -> bool:
     return not ({name, "all"} & off)
 
 # %% ../../nbs/46_areal.guards.ipynb #b0834db2
-def areal_has_fix(name:str) -> bool:
+def areal_has_fix(name: str) -> bool:
     "Does the installed AReaL already carry the fix guard `name` stands in for?"
     if name == "staleness":
         from areal.infra.staleness_manager import StalenessManager
         from areal.trainer.rl_trainer import PPOTrainer
-        return hasattr(StalenessManager, "on_version_recovered") and "on_version_recovered" in inspect.getsource(PPOTrainer.__init__)
+
+        return hasattr(StalenessManager, "on_version_recovered") and "on_version_recovered" in inspect.getsource(
+            PPOTrainer.__init__
+        )
     if name == "version":
         from areal.infra.remote_inf_engine import RemoteInfEngine
+
         return inspect.getsource(RemoteInfEngine.agenerate).count("self.get_version()") < 2
     if name == "optimizer_dtype":
         from dataclasses import fields
         from areal.api.cli_args import TrainEngineConfig
+
         return "optimizer_dtype" in {f.name for f in fields(TrainEngineConfig)}
     raise ValueError(f"unknown AReaL guard {name!r}; the guards are {', '.join(GUARDS)}")
+
 
 def guard_report() -> dict[str, str]:
     "For each guard: 'acts' (on, AReaL lacks the fix), 'stands by' (on, the fix is installed) or 'off'."
@@ -77,9 +106,10 @@ def staleness_manager_of(rollout):
             return obj
     return None
 
+
 def sync_staleness_after_recover(
-    sm, # AReaL's `StalenessManager`
-    version:int, # the recovered weight version (last step + 1)
+    sm,  # AReaL's `StalenessManager`
+    version: int,  # the recovered weight version (last step + 1)
 ) -> dict:
     "Count the `version` consumed batches as accepted (what PR 1345 does); returns the count before and after."
     with sm.lock:
@@ -93,9 +123,10 @@ def sync_staleness_after_recover(
 _PINNED = contextvars.ContextVar("sao_served_version", default=None)
 _GENERATING = contextvars.ContextVar("sao_generating", default=False)
 
+
 def pin_served_version(
-    engine, # AReaL's `RemoteInfEngine` (a `RemotevLLMEngine`'s `_engine`)
-    needed:bool|None=None, # None: patch only if the installed AReaL has the bug
+    engine,  # AReaL's `RemoteInfEngine` (a `RemotevLLMEngine`'s `_engine`)
+    needed: bool | None = None,  # None: patch only if the installed AReaL has the bug
 ) -> bool:
     "Tag each generated segment with the version its request was built with; True if the engine was patched."
     if not guard_on("version") or not (areal_has_fix("version") is False if needed is None else needed):
@@ -103,6 +134,7 @@ def pin_served_version(
     if getattr(engine, "_sao_version_pinned", False):
         return True
     live, generate = engine.get_version, engine.agenerate
+
     def get_version():
         if not _GENERATING.get():
             return live()
@@ -113,6 +145,7 @@ def pin_served_version(
             return v
         _PINNED.set(None)  # tagging that request's tokens: the same version
         return pinned
+
     async def agenerate(req):
         gen, pin = _GENERATING.set(True), _PINNED.set(None)
         try:
@@ -120,14 +153,16 @@ def pin_served_version(
         finally:
             _PINNED.reset(pin)
             _GENERATING.reset(gen)
+
     engine.get_version, engine.agenerate, engine._sao_version_pinned = get_version, agenerate, True
     return True
 
 # %% ../../nbs/46_areal.guards.ipynb #64884995
 HALF = ("bfloat16", "bf16", "float16", "fp16")
 
+
 def optimizer_dtype_problems(
-    cfg, # a loaded config with `actor` (and optionally `critic`) train-engine sections
+    cfg,  # a loaded config with `actor` (and optionally `critic`) train-engine sections
 ) -> list[str]:
     "One message per train engine whose parameters are half precision while its optimizer state would not be float32."
     if not guard_on("optimizer_dtype"):
@@ -139,30 +174,46 @@ def optimizer_dtype_problems(
             continue
         od = getattr(eng, "optimizer_dtype", None)
         if od is None:
-            out.append(f"{role}.dtype={eng.dtype}: this AReaL has no {role}.optimizer_dtype, so FSDP would keep AdamW's "
-                       f"state in {eng.dtype} (AReaL issue 1292); install AReaL with PR 1369 (PyPI's areal==1.0.4 has it) "
-                       f"or set {role}.dtype=float32")
+            out.append(
+                f"{role}.dtype={eng.dtype}: this AReaL has no {role}.optimizer_dtype, so FSDP would keep AdamW's "
+                f"state in {eng.dtype} (AReaL issue 1292); install AReaL with PR 1369 (PyPI's areal==1.0.4 has it) "
+                f"or set {role}.dtype=float32"
+            )
         elif str(od) not in ("float32", "fp32"):
-            out.append(f"{role}.optimizer_dtype={od} with {role}.dtype={eng.dtype} keeps AdamW's state in {od}, which "
-                       f"stalls training (AReaL issue 1292); set {role}.optimizer_dtype=float32")
+            out.append(
+                f"{role}.optimizer_dtype={od} with {role}.dtype={eng.dtype} keeps AdamW's state in {od}, which "
+                f"stalls training (AReaL issue 1292); set {role}.optimizer_dtype=float32"
+            )
     return out
 
 # %% ../../nbs/46_areal.guards.ipynb #767c8219
 GUARDED_ENGINES = {"vllm": f"{__name__}.GuardedRemotevLLMEngine", "sglang": f"{__name__}.GuardedRemoteSGLangEngine"}
 
+
 def _guarded_classes() -> dict:
     "Subclasses of AReaL's remote vLLM / SGLang clients whose engine is version-pinned (built on first use)."
     from areal.engine.sglang_remote import RemoteSGLangEngine
     from areal.engine.vllm_remote import RemotevLLMEngine
+
     out = {}
     for base in (RemotevLLMEngine, RemoteSGLangEngine):
+
         def __init__(self, config, _base=base):
             _base.__init__(self, config)
             pin_served_version(self._engine)
+
         name = f"Guarded{base.__name__}"
-        out[name] = type(name, (base,), {"__init__": __init__, "__module__": __name__,
-                                         "__doc__": f"AReaL's {base.__name__}, each generated segment tagged with the version that served it."})
+        out[name] = type(
+            name,
+            (base,),
+            {
+                "__init__": __init__,
+                "__module__": __name__,
+                "__doc__": f"AReaL's {base.__name__}, each generated segment tagged with the version that served it.",
+            },
+        )
     return out
+
 
 def __getattr__(name):  # `sao_repro.areal.guards.GuardedRemotevLLMEngine`, importable by AReaL's workers
     if name in ("GuardedRemotevLLMEngine", "GuardedRemoteSGLangEngine"):

@@ -19,9 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from ..runconfig import repo_dir
 from ..runlog import note_exit, read_events
+
 # the launch's first step; importable from here as before
-from .preflight import (APPS_QUERY, EXIT_GPUS, EXIT_NO_SMI, EXIT_OK, GPU, GPU_QUERY, classify_gpus, parse_preflight,
-                                 preflight_cmd, preflight_main, preflight_report, run_preflight)
+from sao_repro.areal.preflight import (
+    APPS_QUERY,
+    EXIT_GPUS,
+    EXIT_NO_SMI,
+    EXIT_OK,
+    GPU,
+    GPU_QUERY,
+    classify_gpus,
+    parse_preflight,
+    preflight_cmd,
+    preflight_main,
+    preflight_report,
+    run_preflight,
+)
 
 # %% auto #0
 __all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'AREAL_NODEPS', 'SETTING_CONFIGS',
@@ -33,45 +46,81 @@ __all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQU
 # %% ../../nbs/41_areal.launch.ipynb #592fdb1e
 @dataclass
 class Step:
-    name:str
-    cmd:list
-    always:bool = False  # tear-down: runs even after a failure
-    when:str = ""  # human-readable condition, printed in the plan
+    name: str
+    cmd: list
+    always: bool = False  # tear-down: runs even after a failure
+    when: str = ""  # human-readable condition, printed in the plan
+
 
 def launch_plan(
-    config:str, # config file
-    overrides:list[str], # key=value overrides for the training entry
-    reward_backend:str, # the config's reward.backend
-    reward_workers:int=2, # the config's reward.workers
-    reward_timeout_s:float=5.0, # the config's reward.timeout_s
-    python:str=sys.executable, # interpreter for the training entry
-    scripts_dir:str="scripts", # where preflight_gpus.sh lives
-    preflight:bool=True, # include the GPU preflight
-    threshold_mib:float=1024, # preflight ghost threshold
-    train_cmd:list|None=None, # the training command (default: python -m sao_repro.areal.train --config CONFIG ...)
+    config: str,  # config file
+    overrides: list[str],  # key=value overrides for the training entry
+    reward_backend: str,  # the config's reward.backend
+    reward_workers: int = 2,  # the config's reward.workers
+    reward_timeout_s: float = 5.0,  # the config's reward.timeout_s
+    python: str = sys.executable,  # interpreter for the training entry
+    scripts_dir: str = "scripts",  # where preflight_gpus.sh lives
+    preflight: bool = True,  # include the GPU preflight
+    threshold_mib: float = 1024,  # preflight ghost threshold
+    train_cmd: list
+    | None = None,  # the training command (default: python -m sao_repro.areal.train --config CONFIG ...)
 ) -> list[Step]:
     "The ordered steps of one launch."
     steps = []
     if preflight:
         steps.append(Step("preflight", preflight_cmd(threshold_mib, scripts_dir)))
-    steps.append(Step("ray-up", ["ray", "start", "--head", "--disable-usage-stats"], when="unless a Ray client finds a running cluster"))
+    steps.append(
+        Step(
+            "ray-up",
+            ["ray", "start", "--head", "--disable-usage-stats"],
+            when="unless a Ray client finds a running cluster",
+        )
+    )
     ray_rewards = reward_backend == "ray"
     if ray_rewards:
-        steps.append(Step("reward-up", ["sao-repro", "reward-workers", "start", "--workers", str(reward_workers),
-                                        "--timeout-s", f"{reward_timeout_s:g}"], when="reward.backend: ray"))
-    steps.append(Step("train", train_cmd or [python, "-m", "sao_repro.areal.train", "--config", str(config), *overrides]))
+        steps.append(
+            Step(
+                "reward-up",
+                [
+                    "sao-repro",
+                    "reward-workers",
+                    "start",
+                    "--workers",
+                    str(reward_workers),
+                    "--timeout-s",
+                    f"{reward_timeout_s:g}",
+                ],
+                when="reward.backend: ray",
+            )
+        )
+    steps.append(
+        Step("train", train_cmd or [python, "-m", "sao_repro.areal.train", "--config", str(config), *overrides])
+    )
     if ray_rewards:
-        steps.append(Step("reward-down", ["sao-repro", "reward-workers", "stop"], always=True, when="reward.backend: ray"))
-    steps.append(Step("ray-down", ["kill", "<the processes of the Ray session ray-up started>"], always=True,
-                      when="only if ray-up started Ray; never a bare `ray stop`, which ends every Ray on the machine"))
+        steps.append(
+            Step("reward-down", ["sao-repro", "reward-workers", "stop"], always=True, when="reward.backend: ray")
+        )
+    steps.append(
+        Step(
+            "ray-down",
+            ["kill", "<the processes of the Ray session ray-up started>"],
+            always=True,
+            when="only if ray-up started Ray; never a bare `ray stop`, which ends every Ray on the machine",
+        )
+    )
     return steps
 
 # %% ../../nbs/41_areal.launch.ipynb #e89fe985
-RAY_PROBE = [sys.executable, "-c", "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()"]
+RAY_PROBE = [
+    sys.executable,
+    "-c",
+    "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()",
+]
+
 
 def ray_running(
-    run=subprocess.run, # command runner (tests pass a fake)
-    timeout_s:float=120, # a probe that hangs this long counts as no cluster
+    run=subprocess.run,  # command runner (tests pass a fake)
+    timeout_s: float = 120,  # a probe that hangs this long counts as no cluster
 ) -> bool:
     "True if a Ray cluster runs on this machine: a Ray client connects to it (`ray status` can fail on token auth)."
     try:
@@ -82,31 +131,35 @@ def ray_running(
 # %% ../../nbs/41_areal.launch.ipynb #29541523
 RAY_TEMP = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"  # Ray's temp folder: a session_<date>_<pid> per head
 
+
 def ray_sessions(
-    root:str|Path|None=None, # Ray's temp folder (default RAY_TEMP)
+    root: str | Path | None = None,  # Ray's temp folder (default RAY_TEMP)
 ) -> set[str]:
     "The Ray session names under Ray's temp folder."
     root = Path(root or RAY_TEMP)
     return {p.name for p in root.glob("session_*") if p.name != "session_latest"} if root.is_dir() else set()
 
+
 def start_ray_head(
-    cmd:list[str], # e.g. ["ray", "start", "--head", ...]
-    run=subprocess.run, # command runner (tests pass a fake)
-    root:str|Path|None=None, # Ray's temp folder
-    **kw, # passed to `run`
-) -> tuple[subprocess.CompletedProcess, str|None]:
+    cmd: list[str],  # e.g. ["ray", "start", "--head", ...]
+    run=subprocess.run,  # command runner (tests pass a fake)
+    root: str | Path | None = None,  # Ray's temp folder
+    **kw,  # passed to `run`
+) -> tuple[subprocess.CompletedProcess, str | None]:
     "Start a Ray head; (its process result, the session it started: the one new under Ray's temp folder, else None)."
     before = ray_sessions(root)
     p = run(cmd, **kw)
     new = sorted(ray_sessions(root) - before)
     return p, (new[-1] if new else None)
 
+
 def stop_ray_session(
-    session:str, # a session name from `start_ray_head`
-    grace_s:float=15.0, # SIGTERM, then SIGKILL after this long
+    session: str,  # a session name from `start_ray_head`
+    grace_s: float = 15.0,  # SIGTERM, then SIGKILL after this long
 ) -> int:
     "End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it ended."
     import psutil
+
     if not session or not session.startswith("session_"):
         raise ValueError(f"not a Ray session name: {session!r}")
     procs = []
@@ -132,12 +185,12 @@ def stop_ray_session(
 
 # %% ../../nbs/41_areal.launch.ipynb #c798b2ad
 def execute_plan(
-    steps:list[Step], # from `launch_plan`
-    dry_run:bool=False, # print only
-    run=subprocess.run, # command runner
-    out=sys.stdout, # where the plan and progress go
-    ray_root:str|Path|None=None, # Ray's temp folder, where ray-up's session appears (default RAY_TEMP)
-    stop_ray=None, # ends one Ray session (default `stop_ray_session`)
+    steps: list[Step],  # from `launch_plan`
+    dry_run: bool = False,  # print only
+    run=subprocess.run,  # command runner
+    out=sys.stdout,  # where the plan and progress go
+    ray_root: str | Path | None = None,  # Ray's temp folder, where ray-up's session appears (default RAY_TEMP)
+    stop_ray=None,  # ends one Ray session (default `stop_ray_session`)
 ) -> tuple[int, list[dict]]:
     "Run the steps in order (tear-down steps always); returns (exit code, one record per step)."
     records, rc, started_ray, session = [], 0, False, None
@@ -159,8 +212,11 @@ def execute_plan(
             records.append({"step": s.name, "cmd": s.cmd, "status": "not-needed"})
             continue
         if s.name == "ray-down" and not session:
-            print(f"  ray: the session ray-up started is not under {ray_root or RAY_TEMP}; left running "
-                  "(`ray stop` ends it, and every other Ray on this machine)", file=out)
+            print(
+                f"  ray: the session ray-up started is not under {ray_root or RAY_TEMP}; left running "
+                "(`ray stop` ends it, and every other Ray on this machine)",
+                file=out,
+            )
             records.append({"step": s.name, "cmd": s.cmd, "status": "left-running"})
             continue
         t0 = time.time()
@@ -174,8 +230,15 @@ def execute_plan(
         else:
             code = run(s.cmd).returncode
         started_ray |= s.name == "ray-up" and (code == 0 or session is not None)  # a failed start may leave processes
-        records.append({"step": s.name, "cmd": s.cmd, "status": "ok" if code == 0 else "failed",
-                        "returncode": code, "seconds": round(time.time() - t0, 1)})
+        records.append(
+            {
+                "step": s.name,
+                "cmd": s.cmd,
+                "status": "ok" if code == 0 else "failed",
+                "returncode": code,
+                "seconds": round(time.time() - t0, 1),
+            }
+        )
         if code != 0:
             print(f"  {s.name} failed (exit {code})", file=out)
             rc = rc or code
@@ -186,20 +249,35 @@ REHEARSAL_ENV = "CPU_REHEARSAL"
 # a CPU Ray head for rehearsals: 8 logical CPUs, so actor, critic and rollout workers (1 CPU each) fit on 2 cores
 CPU_RAY_HEAD = ["ray", "start", "--head", "--disable-usage-stats", "--include-dashboard=false", "--num-cpus=8"]
 
+
 def rehearsal_plan(
-    cfg, # the loaded cluster config (its setting, seed and reward section)
-    config:str, # its file
-    overrides:list[str]=(), # key=value overrides: seed= (already in cfg) and total_train_steps= apply
-    out:str="runs_rehearsal", # rehearsal runs root
-    python:str=sys.executable,
+    cfg,  # the loaded cluster config (its setting, seed and reward section)
+    config: str,  # its file
+    overrides: list[str] = (),  # key=value overrides: seed= (already in cfg) and total_train_steps= apply
+    out: str = "runs_rehearsal",  # rehearsal runs root
+    python: str = sys.executable,
 ) -> list[Step]:
     "The cluster launch's steps with the GPU preflight skipped, a CPU Ray head, and `sao-repro rehearse` on Ray as the training step."
     other = [o for o in overrides if o.split("=")[0] not in ("seed", "total_train_steps")]
     if other:
         raise ValueError(f"under {REHEARSAL_ENV}=1 only seed= and total_train_steps= apply; drop {' '.join(other)}")
     steps = [o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps=")]
-    cmd = [python, "-m", "sao_repro.cli", "rehearse", "--setting", cfg.sao.setting, "--seed", str(cfg.seed),
-           "--out", str(out), "--overwrite", "--scheduler", "ray", *(["--steps", steps[-1]] if steps else [])]
+    cmd = [
+        python,
+        "-m",
+        "sao_repro.cli",
+        "rehearse",
+        "--setting",
+        cfg.sao.setting,
+        "--seed",
+        str(cfg.seed),
+        "--out",
+        str(out),
+        "--overwrite",
+        "--scheduler",
+        "ray",
+        *(["--steps", steps[-1]] if steps else []),
+    ]
     plan = launch_plan(config, [], cfg.reward.backend, 1, cfg.reward.timeout_s, preflight=False, train_cmd=cmd)
     for s in plan:
         if s.name == "ray-up":
@@ -210,9 +288,10 @@ def rehearsal_plan(
 AREAL_REQUIREMENTS = "areal_cpu_requirements.txt"  # what AReaL imports on a CPU: one pip requirements file
 AREAL_NODEPS = "areal_nodeps.txt"  # AReaL itself, beside it: installed after it with --no-deps
 
+
 def areal_cpu_requirements(
-    path:str|Path|None=None, # default: scripts/areal_cpu_requirements.txt of the checkout
-) -> dict[str, str]: # module -> pip requirement (" --no-deps" appended where it is installed without its dependencies)
+    path: str | Path | None = None,  # default: scripts/areal_cpu_requirements.txt of the checkout
+) -> dict[str, str]:  # module -> pip requirement (" --no-deps" appended where it is installed without its dependencies)
     """What AReaL 1.0.4 imports on a CPU, as pinned in scripts/areal_cpu_requirements.txt, and AReaL itself from
     areal_nodeps.txt beside it (empty without the files)."""
     p = Path(path or repo_dir() / "scripts" / AREAL_REQUIREMENTS)
@@ -227,27 +306,37 @@ def areal_cpu_requirements(
             out[mod] = req.strip() + flag
     return out
 
-def missing_requirements(deps:dict[str, str]) -> list[str]:
+
+def missing_requirements(deps: dict[str, str]) -> list[str]:
     "The requirements of `deps` (module -> requirement) whose module is not importable here."
+
     def absent(mod):
         try:
             return importlib.util.find_spec(mod) is None
         except (ImportError, ValueError):
             return True
+
     return [req for mod, req in deps.items() if absent(mod)]
 
 # %% ../../nbs/41_areal.launch.ipynb #9b6372bb
-def areal_install_hint(e:ImportError) -> str:
+def areal_install_hint(e: ImportError) -> str:
     "What to install after importing AReaL (or a package it imports) failed with `e`."
     deps = areal_cpu_requirements()
     top = (e.name or "").split(".")[0]
-    need = list(dict.fromkeys(([deps[top]] if top in deps else []) + missing_requirements(deps))) or [top or "areal==1.0.4"]
+    need = list(dict.fromkeys(([deps[top]] if top in deps else []) + missing_requirements(deps))) or [
+        top or "areal==1.0.4"
+    ]
     reqs = [shlex.quote(r) for r in need if not r.endswith(" --no-deps")]
     nodeps = [r.removesuffix(" --no-deps") for r in need if r.endswith(" --no-deps")]
-    cmds = ([f"pip install {' '.join(reqs)}"] if reqs else []) + ([f"pip install --no-deps {' '.join(nodeps)}"] if nodeps else [])
-    return (f"AReaL 1.0.4 or a package it imports is not installed ({e}). Install: {'; then '.join(cmds)}; "
-            f"or everything AReaL imports on a CPU: bash scripts/install_dev.sh (pins: scripts/{AREAL_REQUIREMENTS}; "
-            "on a GPU node: scripts/bootstrap_areal.sh)")
+    cmds = ([f"pip install {' '.join(reqs)}"] if reqs else []) + (
+        [f"pip install --no-deps {' '.join(nodeps)}"] if nodeps else []
+    )
+    return (
+        f"AReaL 1.0.4 or a package it imports is not installed ({e}). Install: {'; then '.join(cmds)}; "
+        f"or everything AReaL imports on a CPU: bash scripts/install_dev.sh (pins: scripts/{AREAL_REQUIREMENTS}; "
+        "on a GPU node: scripts/bootstrap_areal.sh)"
+    )
+
 
 def areal_config_module():
     "`sao_repro.areal.config`, which imports AReaL; if something is missing, an ImportError that says what to install."
@@ -258,16 +347,21 @@ def areal_config_module():
     return config
 
 # %% ../../nbs/41_areal.launch.ipynb #acbd7611
-def _split_args(items:list[str]) -> tuple[list[str], list[str]]:
+def _split_args(items: list[str]) -> tuple[list[str], list[str]]:
     "Positional arguments into (config files, key=value overrides)."
     return [x for x in items if "=" not in x], [x for x in items if "=" in x]
 
-def areal_config_main(argv:list[str]|None=None) -> int:
+
+def areal_config_main(argv: list[str] | None = None) -> int:
     "`sao-repro areal-config CONFIG [key=value ...]`: print the fully resolved AReaL config as YAML."
-    p = argparse.ArgumentParser(prog="sao-repro areal-config",
-                                description="Print a cluster config fully resolved (AReaL 1.0.4 schema + sao: + reward:) as YAML.")
+    p = argparse.ArgumentParser(
+        prog="sao-repro areal-config",
+        description="Print a cluster config fully resolved (AReaL 1.0.4 schema + sao: + reward:) as YAML.",
+    )
     p.add_argument("config", help="config file, e.g. configs/phase2_hard_sao.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax), e.g. seed=2 actor.optimizer.lr=2e-6")
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides (Hydra syntax), e.g. seed=2 actor.optimizer.lr=2e-6"
+    )
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
     a = p.parse_intermixed_args(argv)
     try:
@@ -283,13 +377,26 @@ def areal_config_main(argv:list[str]|None=None) -> int:
     return 0
 
 # %% ../../nbs/41_areal.launch.ipynb #a7cc91f2
-def is_finished(run_dir:str|Path) -> bool:
+def is_finished(run_dir: str | Path) -> bool:
     "True if `<run_dir>/events.log` records a `finish` event."
     return any(e["event"] == "finish" for e in read_events(run_dir))
 
-def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight:bool=True, threshold_mib:float=1024,
-               dotenv:str=".env", skip_finished:bool=False, run=subprocess.run, out=sys.stdout,
-               scripts_dir:str|None=None, cpu_rehearsal:bool=False, rehearsal_out:str="runs_rehearsal") -> dict:
+
+def launch_one(
+    config: str,
+    overrides: list[str],
+    *,
+    dry_run: bool = False,
+    preflight: bool = True,
+    threshold_mib: float = 1024,
+    dotenv: str = ".env",
+    skip_finished: bool = False,
+    run=subprocess.run,
+    out=sys.stdout,
+    scripts_dir: str | None = None,
+    cpu_rehearsal: bool = False,
+    rehearsal_out: str = "runs_rehearsal",
+) -> dict:
     "Load one config, build its plan and execute it; returns a summary record."
     C = areal_config_module()
     _, missing = C.config_env(dotenv)
@@ -309,40 +416,70 @@ def launch_one(config:str, overrides:list[str], *, dry_run:bool=False, preflight
         rec["run_dir"] = str(Path(rehearsal_out) / "areal" / cfg.sao.setting / f"seed{cfg.seed}")
     else:
         scripts = scripts_dir or str(repo_dir() / "scripts")
-        plan = launch_plan(config, overrides, cfg.reward.backend, cfg.reward.workers, cfg.reward.timeout_s,
-                           scripts_dir=scripts, preflight=preflight, threshold_mib=threshold_mib)
+        plan = launch_plan(
+            config,
+            overrides,
+            cfg.reward.backend,
+            cfg.reward.workers,
+            cfg.reward.timeout_s,
+            scripts_dir=scripts,
+            preflight=preflight,
+            threshold_mib=threshold_mib,
+        )
     print(f"== {config} (setting {cfg.sao.setting}, seed {cfg.seed}) -> {cfg.sao.run_dir}", file=out)
     rc, steps = execute_plan(plan, dry_run=dry_run, run=run, out=out)
     for s in steps:  # a trainer killed (e.g. by the OOM killer) writes no event: the run's crash is recorded here
         if s["step"] == "train" and s.get("returncode"):
             note_exit(rec["run_dir"], s["returncode"], "launch")
-    return {**rec, "status": "dry-run" if dry_run else ("ok" if rc == 0 else "failed"), "returncode": rc, "steps": steps}
+    return {
+        **rec,
+        "status": "dry-run" if dry_run else ("ok" if rc == 0 else "failed"),
+        "returncode": rc,
+        "steps": steps,
+    }
 
 # %% ../../nbs/41_areal.launch.ipynb #62f94b5a
-def summary_table(records:list[dict]) -> str:
+def summary_table(records: list[dict]) -> str:
     "One line per launched config."
     rows = [("config", "setting", "seed", "status", "exit")]
-    rows += [(Path(r["config"]).name, str(r.get("setting", "?")), str(r.get("seed", "?")), r["status"], str(r["returncode"]))
-             for r in records]
+    rows += [
+        (Path(r["config"]).name, str(r.get("setting", "?")), str(r.get("seed", "?")), r["status"], str(r["returncode"]))
+        for r in records
+    ]
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
 
+
 def launch_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro launch", description="Launch cluster runs: GPU preflight, Ray, reward "
-                                "workers (reward.backend: ray), AReaL training, tear-down. Several configs run in turn.")
-    p.add_argument("items", nargs="+", metavar="CONFIG|key=value", help="config file(s), then key=value overrides applied to each")
+    p = argparse.ArgumentParser(
+        prog="sao-repro launch",
+        description="Launch cluster runs: GPU preflight, Ray, reward "
+        "workers (reward.backend: ray), AReaL training, tear-down. Several configs run in turn.",
+    )
+    p.add_argument(
+        "items", nargs="+", metavar="CONFIG|key=value", help="config file(s), then key=value overrides applied to each"
+    )
     p.add_argument("--dry-run", action="store_true", help="print every step and command without running anything")
     p.add_argument("--skip-finished", action="store_true", help="skip configs whose run folder records a finish event")
     p.add_argument("--no-preflight", action="store_true", help="skip the GPU preflight (not recommended)")
-    p.add_argument("--threshold-mib", type=float, default=1024, help="preflight: ghost-memory threshold in MiB (default 1024)")
+    p.add_argument(
+        "--threshold-mib", type=float, default=1024, help="preflight: ghost-memory threshold in MiB (default 1024)"
+    )
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
-    p.add_argument("--cpu-rehearsal", action="store_true", default=os.environ.get(REHEARSAL_ENV) == "1",
-                   help="rehearse on this CPU: the same steps, preflight skipped, `sao-repro rehearse` as the training step (also CPU_REHEARSAL=1)")
-    p.add_argument("--rehearsal-out", default="runs_rehearsal", help="runs root of --cpu-rehearsal (default runs_rehearsal)")
+    p.add_argument(
+        "--cpu-rehearsal",
+        action="store_true",
+        default=os.environ.get(REHEARSAL_ENV) == "1",
+        help="rehearse on this CPU: the same steps, preflight skipped, `sao-repro rehearse` as the training step (also CPU_REHEARSAL=1)",
+    )
+    p.add_argument(
+        "--rehearsal-out", default="runs_rehearsal", help="runs root of --cpu-rehearsal (default runs_rehearsal)"
+    )
     p.add_argument("--summary-json", default=None, help="also write the summary records to this JSON file")
     return p
 
-def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
+
+def launch_main(argv: list[str] | None = None, run=subprocess.run, out=None) -> int:
     "`sao-repro launch CONFIG [CONFIG ...] [key=value ...] [--dry-run]`."
     a = launch_parser().parse_intermixed_args(argv)  # options may sit between configs and overrides
     out = out or sys.stdout
@@ -352,9 +489,19 @@ def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
     records = []
     for c in configs:
         try:
-            r = launch_one(c, overrides, dry_run=a.dry_run, preflight=not a.no_preflight, threshold_mib=a.threshold_mib,
-                           dotenv=a.dotenv, skip_finished=a.skip_finished, run=run, out=out,
-                           cpu_rehearsal=a.cpu_rehearsal, rehearsal_out=a.rehearsal_out)
+            r = launch_one(
+                c,
+                overrides,
+                dry_run=a.dry_run,
+                preflight=not a.no_preflight,
+                threshold_mib=a.threshold_mib,
+                dotenv=a.dotenv,
+                skip_finished=a.skip_finished,
+                run=run,
+                out=out,
+                cpu_rehearsal=a.cpu_rehearsal,
+                rehearsal_out=a.rehearsal_out,
+            )
         except (ImportError, ValueError, FileNotFoundError) as e:
             print(f"sao-repro launch: {c}: {e}", file=sys.stderr)
             r = {"config": c, "status": "error", "returncode": 2, "error": str(e)}
@@ -366,28 +513,37 @@ def launch_main(argv:list[str]|None=None, run=subprocess.run, out=None) -> int:
     return max((r["returncode"] for r in records), default=0)
 
 # %% ../../nbs/41_areal.launch.ipynb #5357d42d
-SETTING_CONFIGS = {"sao": "phase2_hard_sao.yaml", "grpo": "phase2_hard_grpo.yaml", "grpo_dis": "phase2_hard_grpo_dis.yaml",
-                   "running_mean": "phase2_hard_running_mean.yaml", "single_dis": "phase2_hard_single_dis.yaml"}
+SETTING_CONFIGS = {
+    "sao": "phase2_hard_sao.yaml",
+    "grpo": "phase2_hard_grpo.yaml",
+    "grpo_dis": "phase2_hard_grpo_dis.yaml",
+    "running_mean": "phase2_hard_running_mean.yaml",
+    "single_dis": "phase2_hard_single_dis.yaml",
+}
 # the reference implementation's name for single_dis: configs/phase2_hard_grpo_dis_g1.yaml loads the same config
 CONFIG_ALIASES = {"phase2_hard_grpo_dis_g1.yaml": "phase2_hard_single_dis.yaml"}
 
-def setting_config(setting:str, config_dir:str|Path|None=None) -> Path:
+
+def setting_config(setting: str, config_dir: str | Path | None = None) -> Path:
     "The cluster config file of a registered setting."
     if setting not in SETTING_CONFIGS:
         raise ValueError(f"unknown setting {setting!r}; valid: {', '.join(SETTING_CONFIGS)}")
     d = Path(config_dir) if config_dir else repo_dir() / "configs"
     return d / SETTING_CONFIGS[setting]
 
+
 def launch_setting(
-    setting:str, # registered setting name
-    seed:int=1, # random seed
-    steps:int|None=None, # total_train_steps (None: the config's 1000)
-    out_dir:str|Path|None=None, # runs root: the run folder is <out_dir>/areal/<setting>/seed<seed> (None: the config's)
-    dry_run:bool=False, # print the plan only
-    config_dir:str|Path|None=None, # folder of the config files (default: the repo's configs/)
-    extra_overrides:list[str]=(), # further key=value overrides
-    run=subprocess.run, # command runner
-    out=None, # stream for the plan (default stdout)
+    setting: str,  # registered setting name
+    seed: int = 1,  # random seed
+    steps: int | None = None,  # total_train_steps (None: the config's 1000)
+    out_dir: str
+    | Path
+    | None = None,  # runs root: the run folder is <out_dir>/areal/<setting>/seed<seed> (None: the config's)
+    dry_run: bool = False,  # print the plan only
+    config_dir: str | Path | None = None,  # folder of the config files (default: the repo's configs/)
+    extra_overrides: list[str] = (),  # further key=value overrides
+    run=subprocess.run,  # command runner
+    out=None,  # stream for the plan (default stdout)
 ) -> dict:
     "Launch one setting x seed on the cluster; returns the summary record (status, returncode, run_dir, steps)."
     ov = [f"seed={seed}"]
@@ -395,8 +551,13 @@ def launch_setting(
         ov.append(f"total_train_steps={steps}")
     if out_dir is not None:
         ov.append(f"sao.run_dir={Path(out_dir).resolve() / 'areal' / setting / f'seed{seed}'}")
-    return launch_one(str(setting_config(setting, config_dir)), ov + list(extra_overrides), dry_run=dry_run, run=run,
-                      out=out or sys.stdout)
+    return launch_one(
+        str(setting_config(setting, config_dir)),
+        ov + list(extra_overrides),
+        dry_run=dry_run,
+        run=run,
+        out=out or sys.stdout,
+    )
 
 # %% ../../nbs/41_areal.launch.ipynb #e984314b
 if __name__ == "__main__":

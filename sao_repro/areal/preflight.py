@@ -26,28 +26,38 @@ APPS_QUERY = ["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noh
 EXIT_OK, EXIT_GPUS, EXIT_NO_SMI = 0, 1, 2
 PREFLIGHT_SCRIPT = "preflight_gpus.sh"
 
+
 def preflight_cmd(
-    threshold_mib:float=1024, # used memory (MiB) above which a GPU without processes holds ghost memory
-    scripts_dir:str|Path|None=None, # where preflight_gpus.sh lives (default: the checkout's scripts/)
-    gpus_csv:str|Path|None=None, # a recorded output of nvidia-smi GPU_QUERY (with `apps_csv`: no nvidia-smi call)
-    apps_csv:str|Path|None=None, # a recorded output of nvidia-smi APPS_QUERY
+    threshold_mib: float = 1024,  # used memory (MiB) above which a GPU without processes holds ghost memory
+    scripts_dir: str | Path | None = None,  # where preflight_gpus.sh lives (default: the checkout's scripts/)
+    gpus_csv: str
+    | Path
+    | None = None,  # a recorded output of nvidia-smi GPU_QUERY (with `apps_csv`: no nvidia-smi call)
+    apps_csv: str | Path | None = None,  # a recorded output of nvidia-smi APPS_QUERY
 ) -> list[str]:
     "The command line of the GPU preflight script."
-    cmd = ["bash", str(Path(scripts_dir or repo_dir() / "scripts") / PREFLIGHT_SCRIPT), "--threshold-mib", f"{threshold_mib:g}"]
+    cmd = [
+        "bash",
+        str(Path(scripts_dir or repo_dir() / "scripts") / PREFLIGHT_SCRIPT),
+        "--threshold-mib",
+        f"{threshold_mib:g}",
+    ]
     return cmd + (["--gpus-csv", str(gpus_csv), "--apps-csv", str(apps_csv)] if gpus_csv is not None else [])
 
 # %% ../../nbs/40_areal.preflight.ipynb #e96e080f
 @dataclass
 class GPU:
-    index:int
-    status:str  # free | busy | ghost
-    used_mib:float
-    total_mib:float
-    pids:list = field(default_factory=list)
+    index: int
+    status: str  # free | busy | ghost
+    used_mib: float
+    total_mib: float
+    pids: list = field(default_factory=list)
+
 
 GPU_LINE = re.compile(r"^GPU (\d+): (free|busy|ghost) \(([\d.]+) / ([\d.]+) MiB used(?:, pids ([\d ]+))?\)$")
 
-def parse_preflight(report:str) -> list[GPU]:
+
+def parse_preflight(report: str) -> list[GPU]:
     "The GPUs a preflight report lists, from its `GPU i: status (used / total MiB used[, pids ...])` lines."
     out = []
     for line in report.splitlines():
@@ -56,17 +66,19 @@ def parse_preflight(report:str) -> list[GPU]:
             out.append(GPU(int(m[1]), m[2], float(m[3]), float(m[4]), [int(p) for p in (m[5] or "").split()]))
     return out
 
-def _preflight(cmd:list, run=subprocess.run, **kw) -> tuple[int, str]:
+
+def _preflight(cmd: list, run=subprocess.run, **kw) -> tuple[int, str]:
     "Run the script: (its exit code, its report)."
     if not Path(cmd[1]).is_file():
         return EXIT_NO_SMI, f"preflight: FAIL: {cmd[1]} not found; run from a sao-repro checkout (scripts/)"
     p = run(cmd, capture_output=True, text=True, **kw)
     return p.returncode, ((p.stdout or "") + (p.stderr or "")).strip()
 
+
 def preflight_report(
-    gpu_csv:str, # output of nvidia-smi GPU_QUERY
-    apps_csv:str, # output of nvidia-smi APPS_QUERY
-    threshold_mib:float=1024, # used memory above this with no process = ghost
+    gpu_csv: str,  # output of nvidia-smi GPU_QUERY
+    apps_csv: str,  # output of nvidia-smi APPS_QUERY
+    threshold_mib: float = 1024,  # used memory above this with no process = ghost
 ) -> tuple[int, str]:
     "The preflight's exit code and report for recorded nvidia-smi outputs."
     with tempfile.TemporaryDirectory() as d:
@@ -75,24 +87,34 @@ def preflight_report(
         a.write_text(apps_csv)
         return _preflight(preflight_cmd(threshold_mib, gpus_csv=g, apps_csv=a))
 
-def classify_gpus(gpu_csv:str, apps_csv:str, threshold_mib:float=1024) -> list[GPU]:
+
+def classify_gpus(gpu_csv: str, apps_csv: str, threshold_mib: float = 1024) -> list[GPU]:
     "Every GPU of recorded nvidia-smi outputs as free, busy or ghost."
     return parse_preflight(preflight_report(gpu_csv, apps_csv, threshold_mib)[1])
 
 # %% ../../nbs/40_areal.preflight.ipynb #ebd9a43c
 def run_preflight(
-    threshold_mib:float=1024, # ghost threshold
-    smi:str="nvidia-smi", # the nvidia-smi executable
-    run=subprocess.run, # command runner (tests pass a fake)
+    threshold_mib: float = 1024,  # ghost threshold
+    smi: str = "nvidia-smi",  # the nvidia-smi executable
+    run=subprocess.run,  # command runner (tests pass a fake)
 ) -> tuple[int, str]:
     "Run the preflight script on this node's GPUs: (exit code, report)."
     return _preflight(preflight_cmd(threshold_mib), run, env={**os.environ, "NVIDIA_SMI": smi})
 
-def preflight_main(argv:list[str]|None=None) -> int:
+
+def preflight_main(argv: list[str] | None = None) -> int:
     "`sao-repro preflight`: check this node's GPUs for ghost memory and busy processes."
-    p = argparse.ArgumentParser(prog="sao-repro preflight", description="Check this node's GPUs before a launch: "
-                                "fail on ghost memory (used memory, no process) or busy GPUs, and suggest CUDA_VISIBLE_DEVICES.")
-    p.add_argument("--threshold-mib", type=float, default=1024, help="used memory (MiB) above which a GPU without processes holds ghost memory (default 1024)")
+    p = argparse.ArgumentParser(
+        prog="sao-repro preflight",
+        description="Check this node's GPUs before a launch: "
+        "fail on ghost memory (used memory, no process) or busy GPUs, and suggest CUDA_VISIBLE_DEVICES.",
+    )
+    p.add_argument(
+        "--threshold-mib",
+        type=float,
+        default=1024,
+        help="used memory (MiB) above which a GPU without processes holds ghost memory (default 1024)",
+    )
     p.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi executable (default: from PATH)")
     a = p.parse_args(argv)
     rc, msg = run_preflight(a.threshold_mib, a.nvidia_smi)

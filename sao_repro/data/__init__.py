@@ -13,16 +13,51 @@ __all__ = ['gold_from_answer', 'last_boxed', 'write_atomic', 'HUB_DATASET', 'MAT
 # %% ../../nbs/21_data.ipynb #b2d79fb5
 from ..math_answer import gold_from_answer, last_boxed
 from ..files import write_atomic
-from .sources import (
-    HUB_DATASET, MATH_COLUMNS, PrepareError, assign_split, datasets_logging_off, hub_reachable, load_hub_splits,
-    load_local_splits, make_math_fixture)
-from .prepare import (
-    HARD_LEVELS, convert_split, level_number, math_row_id, parse_levels, prepare_math, prepare_math_main,
-    prepare_math_parser, sha256_bytes, to_gsm8k_row)
+from sao_repro.data.sources import (
+    HUB_DATASET,
+    MATH_COLUMNS,
+    PrepareError,
+    assign_split,
+    datasets_logging_off,
+    hub_reachable,
+    load_hub_splits,
+    load_local_splits,
+    make_math_fixture,
+)
+from sao_repro.data.prepare import (
+    HARD_LEVELS,
+    convert_split,
+    level_number,
+    math_row_id,
+    parse_levels,
+    prepare_math,
+    prepare_math_main,
+    prepare_math_parser,
+    sha256_bytes,
+    to_gsm8k_row,
+)
 
 _all_ = [
-    "gold_from_answer", "last_boxed", "write_atomic",
-    "HUB_DATASET", "MATH_COLUMNS", "PrepareError", "assign_split", "datasets_logging_off", "hub_reachable",
-    "load_hub_splits", "load_local_splits", "make_math_fixture",
-    "HARD_LEVELS", "convert_split", "level_number", "math_row_id", "parse_levels", "prepare_math", "prepare_math_main",
-    "prepare_math_parser", "sha256_bytes", "to_gsm8k_row"]
+    "gold_from_answer",
+    "last_boxed",
+    "write_atomic",
+    "HUB_DATASET",
+    "MATH_COLUMNS",
+    "PrepareError",
+    "assign_split",
+    "datasets_logging_off",
+    "hub_reachable",
+    "load_hub_splits",
+    "load_local_splits",
+    "make_math_fixture",
+    "HARD_LEVELS",
+    "convert_split",
+    "level_number",
+    "math_row_id",
+    "parse_levels",
+    "prepare_math",
+    "prepare_math_main",
+    "prepare_math_parser",
+    "sha256_bytes",
+    "to_gsm8k_row",
+]

@@ -120,7 +120,9 @@ def convert_split(
             new["id"] = f"{new['id']}-{seen[new['id']]}"
         out.append(new)
     stats = {
-        "input_rows": len(rows), "rows": len(out), "skipped_no_boxed": skipped_no_box,
+        "input_rows": len(rows),
+        "rows": len(out),
+        "skipped_no_boxed": skipped_no_box,
         "skipped_level": skipped_level,
         "by_level": dict(sorted(Counter(r["level"] for r in out).items())),
         "by_type": dict(sorted(Counter(r["type"] for r in out).items())),
@@ -136,8 +138,13 @@ def _dataset_card(splits: list[str]) -> bytes:
     lines = ["---", "configs:", "- config_name: main", "  default: true", "  data_files:"]
     for s in splits:
         lines += [f"  - split: {s}", f"    path: {s}.jsonl"]
-    lines += ["---", "# MATH (GSM8K-style)", "",
-              "Written by `sao-repro prepare-math`; see manifest.json for source, counts and checksums.", ""]
+    lines += [
+        "---",
+        "# MATH (GSM8K-style)",
+        "",
+        "Written by `sao-repro prepare-math`; see manifest.json for source, counts and checksums.",
+        "",
+    ]
     return "\n".join(lines).encode("utf-8")
 
 # %% ../../nbs/21a_data.prepare.ipynb #838b1902
@@ -156,6 +163,7 @@ def _totals(stats) -> dict:
 # %% ../../nbs/21a_data.prepare.ipynb #33060ec3
 _OURS = ("manifest.json", "README.md")
 
+
 def _staging(output: Path) -> Path:
     "A fresh staging folder beside `output` (after tidying what a killed earlier run left there)."
     if output.exists() and not output.is_dir():
@@ -169,10 +177,16 @@ def _staging(output: Path) -> Path:
             os.rename(old, output)
     for stale in parent.glob(f".{output.name}.prepare-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    foreign = sorted(q.name for q in output.iterdir() if q.suffix != ".jsonl" and q.name not in _OURS) if output.exists() else []
+    foreign = (
+        sorted(q.name for q in output.iterdir() if q.suffix != ".jsonl" and q.name not in _OURS)
+        if output.exists()
+        else []
+    )
     if foreign:
-        raise PrepareError(f"--output {output}: holds files prepare-math does not write ({', '.join(foreign[:5])}); "
-                           "the folder is replaced as a whole, so give an empty or new folder")
+        raise PrepareError(
+            f"--output {output}: holds files prepare-math does not write ({', '.join(foreign[:5])}); "
+            "the folder is replaced as a whole, so give an empty or new folder"
+        )
     stage = parent / f".{output.name}.prepare-{os.getpid()}"
     stage.mkdir()
     return stage
@@ -202,11 +216,18 @@ def prepare_math(
         raise
     return manifest
 
+
 def _write_set(output: Path, raw: dict, source, levels, splits) -> dict:
     "Every file of one prepared set into the folder `output`; returns the manifest."
-    manifest = {"dataset": "MATH", "format": "gsm8k-style jsonl", "source": source if source == "hub" else str(source),
-                "hub_dataset": HUB_DATASET if source == "hub" else None,
-                "levels": sorted(levels) if levels is not None else "all", "splits": {}, "missing_splits": []}
+    manifest = {
+        "dataset": "MATH",
+        "format": "gsm8k-style jsonl",
+        "source": source if source == "hub" else str(source),
+        "hub_dataset": HUB_DATASET if source == "hub" else None,
+        "levels": sorted(levels) if levels is not None else "all",
+        "splits": {},
+        "missing_splits": [],
+    }
     for split in splits:
         if split not in raw:
             manifest["missing_splits"].append(split)
@@ -230,13 +251,21 @@ def prepare_math_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sao-repro prepare-math",
         description="Convert MATH (problem, solution, level, type) to the GSM8K-style jsonl AReaL reads: "
-        "question, answer ending in '#### <last boxed answer>', level, type, solution, id; plus manifest.json.")
+        "question, answer ending in '#### <last boxed answer>', level, type, solution, id; plus manifest.json.",
+    )
     p.add_argument("--output", required=True, help="output folder; gets <split>.jsonl, manifest.json, README.md")
-    p.add_argument("--source", default="hub",
-                   help=f"'hub' (default: {HUB_DATASET}) or a local .parquet/.json/.jsonl file or folder")
-    p.add_argument("--levels", nargs="+", default=None,
-                   help="keep only these levels: numbers 1-5 ('4 5' or '4,5'), 'hard' (= level "
-                   f"{','.join(map(str, HARD_LEVELS))}) or 'all' (default)")
+    p.add_argument(
+        "--source",
+        default="hub",
+        help=f"'hub' (default: {HUB_DATASET}) or a local .parquet/.json/.jsonl file or folder",
+    )
+    p.add_argument(
+        "--levels",
+        nargs="+",
+        default=None,
+        help="keep only these levels: numbers 1-5 ('4 5' or '4,5'), 'hard' (= level "
+        f"{','.join(map(str, HARD_LEVELS))}) or 'all' (default)",
+    )
     p.add_argument("--splits", nargs="+", default=["train,test"], help="splits to write (default: train,test)")
     p.add_argument("--hub-timeout", type=float, default=4.0, help="seconds to wait for the Hub before failing")
     return p
@@ -247,14 +276,21 @@ def prepare_math_main(argv: list[str] | None = None) -> int:
     args = prepare_math_parser().parse_args(argv)
     try:
         levels = parse_levels(args.levels)
-        manifest = prepare_math(args.output, source=args.source, levels=levels,
-                                splits=tuple(_split_commas(args.splits)), hub_timeout_s=args.hub_timeout)
+        manifest = prepare_math(
+            args.output,
+            source=args.source,
+            levels=levels,
+            splits=tuple(_split_commas(args.splits)),
+            hub_timeout_s=args.hub_timeout,
+        )
     except (PrepareError, ValueError) as e:
         print(f"sao-repro prepare-math: error: {e}", file=sys.stderr)
         return 1
     for split, st in manifest["splits"].items():
-        print(f"{split}: {st['rows']} rows written to {Path(args.output) / st['file']} "
-              f"(skipped: {st['skipped_no_boxed']} without \\boxed, {st['skipped_level']} by level)")
+        print(
+            f"{split}: {st['rows']} rows written to {Path(args.output) / st['file']} "
+            f"(skipped: {st['skipped_no_boxed']} without \\boxed, {st['skipped_level']} by level)"
+        )
     for split in manifest["missing_splits"]:
         print(f"{split}: no input files for this split; not written", file=sys.stderr)
     return 0

@@ -122,8 +122,10 @@ def _check_text_file(path: Path, fmt: str):
         try:
             path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
-            raise PrepareError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8, "
-                               "e.g. iconv -f <encoding> -t utf-8") from None
+            raise PrepareError(
+                f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8, "
+                "e.g. iconv -f <encoding> -t utf-8"
+            ) from None
 
 # %% ../../nbs/20_data.sources.ipynb #d3c51a7a
 def _load_files(files: list[Path], where: str) -> list[dict]:
@@ -195,8 +197,14 @@ def make_math_fixture(
                 sol = f"The root is $\\boxed{{\\sqrt{{{a * a * b}}}}}$, i.e. ${a}\\sqrt{{{b}}}$."
             else:
                 sol = f"The value is {a - b} (no box in this one)."
-            rows.append({"problem": f"Made-up problem {split}-{i}: combine {a} and {b}.", "solution": sol,
-                         "level": f"Level {i % 5 + 1}", "type": types[i % 3]})
+            rows.append(
+                {
+                    "problem": f"Made-up problem {split}-{i}: combine {a} and {b}.",
+                    "solution": sol,
+                    "level": f"Level {i % 5 + 1}",
+                    "type": types[i % 3],
+                }
+            )
         text = "".join(json.dumps(r) + "\n" for r in rows)
         (folder / f"{split}.jsonl").write_text(text, encoding="utf-8")
     return folder

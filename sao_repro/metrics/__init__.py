@@ -17,15 +17,62 @@ from .tail import CHUNK, HEAD_BYTES, MAX_LINE, LineTail
 from .reader import RunReader, parse_metrics_line
 from .store import RunStore, bench_metrics, collect_metrics, run_flags, scan_runs
 from .areal import ArealLogParser, clean_log_line, is_areal_log
-from .health import HealthScan, health_flags, mark_degenerate, nonfinite_watched, sao_flags, timeout_rate
+from sao_repro.metrics.health import (
+    HealthScan,
+    health_flags,
+    mark_degenerate,
+    nonfinite_watched,
+    sao_flags,
+    timeout_rate,
+)
 from .runs import AREAL_LOGS, LOG_SUFFIXES, areal_logs, find_runs, read_config, readable, run_identity
-from .summary import COLUMNS, SharedDict, SharedList, readers_frame, smooth, summarize_runs, summarize_settings
+from sao_repro.metrics.summary import (
+    COLUMNS,
+    SharedDict,
+    SharedList,
+    readers_frame,
+    smooth,
+    summarize_runs,
+    summarize_settings,
+)
 from .summary import tidy, to_wide, window
 
-_all_ = ['CHUNK', 'HEAD_BYTES', 'MAX_LINE', 'LineTail', 'RunReader', 'parse_metrics_line',
-         'RunStore', 'bench_metrics', 'collect_metrics', 'run_flags', 'scan_runs',
-         'ArealLogParser', 'clean_log_line', 'is_areal_log',
-         'HealthScan', 'health_flags', 'mark_degenerate', 'nonfinite_watched', 'sao_flags', 'timeout_rate',
-         'AREAL_LOGS', 'LOG_SUFFIXES', 'areal_logs', 'find_runs', 'read_config', 'readable', 'run_identity',
-         'COLUMNS', 'SharedDict', 'SharedList', 'readers_frame', 'smooth', 'summarize_runs', 'summarize_settings',
-         'tidy', 'to_wide', 'window']
+_all_ = [
+    "CHUNK",
+    "HEAD_BYTES",
+    "MAX_LINE",
+    "LineTail",
+    "RunReader",
+    "parse_metrics_line",
+    "RunStore",
+    "bench_metrics",
+    "collect_metrics",
+    "run_flags",
+    "scan_runs",
+    "ArealLogParser",
+    "clean_log_line",
+    "is_areal_log",
+    "HealthScan",
+    "health_flags",
+    "mark_degenerate",
+    "nonfinite_watched",
+    "sao_flags",
+    "timeout_rate",
+    "AREAL_LOGS",
+    "LOG_SUFFIXES",
+    "areal_logs",
+    "find_runs",
+    "read_config",
+    "readable",
+    "run_identity",
+    "COLUMNS",
+    "SharedDict",
+    "SharedList",
+    "readers_frame",
+    "smooth",
+    "summarize_runs",
+    "summarize_settings",
+    "tidy",
+    "to_wide",
+    "window",
+]

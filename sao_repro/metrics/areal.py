@@ -19,26 +19,33 @@ __all__ = ['ANSI_RE', 'ROLE_RE', 'HEADER_RE', 'STEP_RE', 'STATS_RE', 'SNIFF_BYTE
 # %% ../../nbs/60_metrics.areal.ipynb #9a2220fc
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ROLE_RE = re.compile(r"^\[[^\]\s]{1,40}\]\s*(?=\(AReaL\)|[│╒╞├╘])")
-HEADER_RE = re.compile(r"^\(AReaL\)\s+(\d{8}-\d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+(.+?)\s+"
-                       r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s?(.*)$")
+HEADER_RE = re.compile(
+    r"^\(AReaL\)\s+(\d{8}-\d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+(.+?)\s+"
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s?(.*)$"
+)
 STEP_RE = re.compile(r"Train step (\d+)/(\d+) done\.")
 STATS_RE = re.compile(r"Stats \((\d+)/(\d+)\):")
 
-def clean_log_line(line:str) -> str:
+
+def clean_log_line(line: str) -> str:
     "Strip ANSI colour codes, a trailing CR and a merged.log `[role]` prefix."
     return ROLE_RE.sub("", ANSI_RE.sub("", line).rstrip("\r\n"))
 
-def log_time(stamp:str) -> float|None:
+
+def log_time(stamp: str) -> float | None:
     "Seconds since the epoch of an AReaL `%Y%m%d-%H:%M:%S.mmm` stamp (local time)."
     try:
-        return time.mktime(time.strptime(stamp.split(".")[0], "%Y%m%d-%H:%M:%S")) + float("0." + (stamp.split(".") + ["0"])[1])
+        return time.mktime(time.strptime(stamp.split(".")[0], "%Y%m%d-%H:%M:%S")) + float(
+            "0." + (stamp.split(".") + ["0"])[1]
+        )
     except ValueError:
         return None
 
 # %% ../../nbs/60_metrics.areal.ipynb #ee320314
 class ArealLogParser:
     "Line-fed state machine over AReaL's StatsLogger output."
-    def __init__(self, skipped:Counter|None=None):
+
+    def __init__(self, skipped: Counter | None = None):
         self.skipped = Counter() if skipped is None else skipped
         self.step = None
         self.total = None
@@ -54,7 +61,7 @@ class ArealLogParser:
         self.last = step
         return step, rows
 
-    def _row(self, line:str):
+    def _row(self, line: str):
         s = line.strip()
         if not s.endswith("│"):
             self.skipped["bad_row"] += 1
@@ -70,7 +77,7 @@ class ArealLogParser:
             elif k or v:
                 self.skipped["bad_value"] += 1
 
-    def feed(self, line:str) -> tuple[int, dict]|None:
+    def feed(self, line: str) -> tuple[int, dict] | None:
         "Feed one line; returns `(step, raw_stats)` when a stats table closes."
         line = clean_log_line(line)
         head = HEADER_RE.match(line)
@@ -96,7 +103,7 @@ class ArealLogParser:
             self.skipped["garbled"] += 1
         return None
 
-    def flush(self) -> tuple[int, dict]|None:
+    def flush(self) -> tuple[int, dict] | None:
         "At end of file: close a table cut short (its complete rows are kept)."
         if self.rows is None:
             return None
@@ -106,6 +113,7 @@ class ArealLogParser:
 # %% ../../nbs/60_metrics.areal.ipynb #9c9c4a23
 SNIFF_BYTES = 1 << 16
 _sniffed = {}
+
 
 def is_areal_log(path) -> bool:
     "True when the start of a log file (any name) has AReaL's `(AReaL)` header or a stats step line."

@@ -21,9 +21,12 @@ __all__ = ['TIMEOUT_RE', 'NAN_WATCH_RE', 'TIMEOUT_FRAC_KEYS', 'EV_NEGATIVE_AFTER
            'mismatch_budget', 'mark_degenerate', 'sao_flags', 'health_flags']
 
 # %% ../../nbs/61_metrics.health.ipynb #67691b60
-TIMEOUT_RE = re.compile(r"Timeout \([\d.]+s\) in MathVerifyWorker|reward[ _-]?time[ _-]?out|reward computation timed out", re.I)
+TIMEOUT_RE = re.compile(
+    r"Timeout \([\d.]+s\) in MathVerifyWorker|reward[ _-]?time[ _-]?out|reward computation timed out", re.I
+)
 
-def _event_parts(line:str) -> tuple[str, dict]|None:
+
+def _event_parts(line: str) -> tuple[str, dict] | None:
     "`(event, details)` of one events.log line `time<TAB>EVENT<TAB>json details`, or None (torn or garbage)."
     parts = line.rstrip("\r\n").split("\t")
     if len(parts) != 3 or not parts[1].strip():
@@ -34,13 +37,15 @@ def _event_parts(line:str) -> tuple[str, dict]|None:
         return None
     return (parts[1].strip().lower(), details) if isinstance(details, dict) else None
 
-def _oom_error(details:dict) -> bool:
+
+def _oom_error(details: dict) -> bool:
     "An `error` event (written before `oom` events) of an out-of-memory exception, by its class name."
     return oom_error_text(details.get("type", "")) or oom_error_text(details.get("error", ""))
 
 # %% ../../nbs/61_metrics.health.ipynb #07d8b3cf
 class HealthScan:
     "Accumulates health evidence of one run: its events, and its log lines for reward timeouts."
+
     def __init__(self):
         self.oom = False
         self.nan = False
@@ -49,11 +54,11 @@ class HealthScan:
         self.timeouts = 0
         self.messages = []
 
-    def _note(self, what:str, line:str):
+    def _note(self, what: str, line: str):
         if len(self.messages) < 20:
             self.messages.append(f"{what}: {line.strip()[:200]}")
 
-    def feed(self, line:str, source:str="log"):
+    def feed(self, line: str, source: str = "log"):
         "Scan one (cleaned) log line of file `source`: reward timeouts and AReaL's end; nothing else in it is evidence."
         if "Computing reward timeout" in line:
             self.timeouts += "Returning 0" in line
@@ -62,7 +67,7 @@ class HealthScan:
         if (head := HEADER_RE.match(line)) and head.group(4).strip() == "Training completes!":
             self.finished = True
 
-    def feed_event(self, line:str):
+    def feed_event(self, line: str):
         "Scan one events.log line: `ISO-time<TAB>EVENT<TAB>json details` (torn or garbage lines are skipped)."
         if (parsed := _event_parts(line)) is None:
             return
@@ -88,19 +93,26 @@ class HealthScan:
 # %% ../../nbs/61_metrics.health.ipynb #18463ad0
 NAN_WATCH_RE = re.compile(r"loss|grad_norm|^reward/|^adv/|^acc$")
 
-def nonfinite_watched(values:dict) -> bool:
+
+def nonfinite_watched(values: dict) -> bool:
     "True when a watched metric (loss, grad norm, reward, advantage, acc) of one step is not finite."
-    if math.isfinite(sum(values.values())):  # the usual case, in one C loop: every value finite (a sum of huge ones is not)
+    if math.isfinite(
+        sum(values.values())
+    ):  # the usual case, in one C loop: every value finite (a sum of huge ones is not)
         return False
     return any(NAN_WATCH_RE.search(k) for k, v in values.items() if not math.isfinite(v))
 
 # %% ../../nbs/61_metrics.health.ipynb #4c0d8879
 TIMEOUT_FRAC_KEYS = ("reward/timeout_frac", "reward/timeout_rate")
 
-def pool_timeout_rate(steps:dict) -> float|None:
+
+def pool_timeout_rate(steps: dict) -> float | None:
     "Timeouts over graded answers from the reward pools' `reward/timeouts` and `reward/done` (or `reward/submitted`)."
-    pairs = [(m["reward/timeouts"], m.get("reward/done", m.get("reward/submitted"))) for _, m in sorted(steps.items())
-             if "reward/timeouts" in m]
+    pairs = [
+        (m["reward/timeouts"], m.get("reward/done", m.get("reward/submitted")))
+        for _, m in sorted(steps.items())
+        if "reward/timeouts" in m
+    ]
     pairs = [(t, n) for t, n in pairs if n is not None and math.isfinite(t) and math.isfinite(n)]
     if not pairs:
         return None
@@ -109,11 +121,12 @@ def pool_timeout_rate(steps:dict) -> float|None:
     t, n = (t[-1], n[-1]) if cumulative else (sum(t), sum(n))
     return min(1.0, t / n) if n > 0 else None
 
+
 def timeout_rate(
-    steps:dict, # {step: {metric: value}} of one run
-    log_timeouts:int=0, # reward timeouts found in the run's logs (`HealthScan.timeouts`)
-    graded:float=0.0, # answers graded over the run (sum of correct + incorrect counts)
-) -> float|None:
+    steps: dict,  # {step: {metric: value}} of one run
+    log_timeouts: int = 0,  # reward timeouts found in the run's logs (`HealthScan.timeouts`)
+    graded: float = 0.0,  # answers graded over the run (sum of correct + incorrect counts)
+) -> float | None:
     "Share of reward computations that timed out: a logged fraction, else the pools' counters, else log lines / graded."
     fr = [m[k] for m in steps.values() for k in TIMEOUT_FRAC_KEYS if k in m and math.isfinite(m[k])]
     if fr:
@@ -136,10 +149,18 @@ DIS_RECENT = 10  # dis_heavy: over this many latest steps
 RETURNS_EPS = 1e-12  # degenerate_returns: a returns std at or below this means every return was equal
 MISMATCH_BUDGET = 1e-3  # mismatch_high: k3 KL budget (dense models in bf16 publish 1e-5 to 1e-3)
 MISMATCH_RECENT = 5  # mismatch_high: these many latest measured values must all be above the budget
-SAO_FLAGS = ("critic_negative", "critic_flat", "critic_starved", "all_negative", "dis_heavy", "degenerate_returns",
-             "mismatch_high")
+SAO_FLAGS = (
+    "critic_negative",
+    "critic_flat",
+    "critic_starved",
+    "all_negative",
+    "dis_heavy",
+    "degenerate_returns",
+    "mismatch_high",
+)
 
-def mismatch_budget(budget:float|None=None) -> float:
+
+def mismatch_budget(budget: float | None = None) -> float:
     "The k3 KL budget: `budget`, else $SAO_REPRO_MISMATCH_BUDGET, else `MISMATCH_BUDGET`."
     raw = budget if budget is not None else os.environ.get("SAO_REPRO_MISMATCH_BUDGET", MISMATCH_BUDGET)
     try:
@@ -147,10 +168,13 @@ def mismatch_budget(budget:float|None=None) -> float:
     except (TypeError, ValueError):
         b = math.nan
     if not (math.isfinite(b) and b > 0):
-        raise ValueError(f"mismatch budget {raw!r} is not a positive number; set SAO_REPRO_MISMATCH_BUDGET to e.g. 1e-3")
+        raise ValueError(
+            f"mismatch budget {raw!r} is not a positive number; set SAO_REPRO_MISMATCH_BUDGET to e.g. 1e-3"
+        )
     return b
 
-def mark_degenerate(values:dict) -> dict:
+
+def mark_degenerate(values: dict) -> dict:
     "One step's metrics with a degenerate batch (all returns equal) marked and its explained variance set to NaN."
     rs = values.get("critic/returns_std")
     if rs is not None and math.isfinite(rs) and rs <= RETURNS_EPS:
@@ -158,10 +182,11 @@ def mark_degenerate(values:dict) -> dict:
     return values
 
 # %% ../../nbs/61_metrics.health.ipynb #74168811
-def _series(steps:dict, key:str) -> list[tuple[int, float]]:
+def _series(steps: dict, key: str) -> list[tuple[int, float]]:
     return [(s, m[key]) for s, m in sorted(steps.items()) if key in m and math.isfinite(m[key])]
 
-def _first_run(pairs:list[tuple[int, bool]], n:int) -> int|None:
+
+def _first_run(pairs: list[tuple[int, bool]], n: int) -> int | None:
     "The step at which `n` consecutive True values were first reached."
     count = 0
     for s, hit in pairs:
@@ -170,7 +195,8 @@ def _first_run(pairs:list[tuple[int, bool]], n:int) -> int|None:
             return s
     return None
 
-def _zeroed(m:dict) -> float|None:
+
+def _zeroed(m: dict) -> float | None:
     lo, hi = m.get("dis/masked_below_frac"), m.get("dis/masked_above_frac")
     if lo is not None and hi is not None:
         return lo + hi
@@ -178,41 +204,57 @@ def _zeroed(m:dict) -> float|None:
     return None if k is None else 1.0 - k
 
 # %% ../../nbs/61_metrics.health.ipynb #c1fbef4c
-def sao_flags(steps:dict, # {step: {metric: value}} of one run
-              budget:float|None=None, # mismatch_high's k3 KL budget (None: `mismatch_budget()`)
-             ) -> dict[str, int|None]:
+def sao_flags(
+    steps: dict,  # {step: {metric: value}} of one run
+    budget: float | None = None,  # mismatch_high's k3 KL budget (None: `mismatch_budget()`)
+) -> dict[str, int | None]:
     "The step at which each SAO health flag (`SAO_FLAGS`) was set, or None."
     ev = _series(steps, "critic/explained_var")
     neg = ev[-1][0] if len(ev) >= EV_NEGATIVE_AFTER and all(v < 0 for _, v in ev[-EV_RECENT:]) else None
     flat = ev[-1][0] if len(ev) >= EV_FLAT_STEPS and all(v <= EV_FLAT for _, v in ev[-EV_FLAT_STEPS:]) else None
-    gn = [(s, not (m["critic/grad_norm"] <= m["critic/grad_clip"])) for s, m in sorted(steps.items())  # NaN: over
-          if "critic/grad_norm" in m and math.isfinite(m.get("critic/grad_clip", math.nan))]
+    gn = [
+        (s, not (m["critic/grad_norm"] <= m["critic/grad_clip"]))
+        for s, m in sorted(steps.items())  # NaN: over
+        if "critic/grad_norm" in m and math.isfinite(m.get("critic/grad_clip", math.nan))
+    ]
     adv = [(s, v < 0) for s, v in _series(steps, "adv/max")]
     z = [(s, x) for s, m in sorted(steps.items()) if (x := _zeroed(m)) is not None and math.isfinite(x)][-DIS_RECENT:]
     heavy = z[-1][0] if z and sum(x for _, x in z) / len(z) > DIS_HEAVY_FRAC else None
     degen = [s for s, v in _series(steps, "critic/returns_std") if v <= RETURNS_EPS]
     k3, b = _series(steps, "mismatch/k3_kl")[-MISMATCH_RECENT:], mismatch_budget(budget)
     high = k3[-1][0] if len(k3) == MISMATCH_RECENT and all(v > b for _, v in k3) else None
-    return {"critic_negative": neg, "critic_flat": flat, "critic_starved": _first_run(gn, STARVED_STEPS),
-            "all_negative": _first_run(adv, ALL_NEGATIVE_STEPS), "dis_heavy": heavy,
-            "degenerate_returns": degen[-1] if degen else None, "mismatch_high": high}
+    return {
+        "critic_negative": neg,
+        "critic_flat": flat,
+        "critic_starved": _first_run(gn, STARVED_STEPS),
+        "all_negative": _first_run(adv, ALL_NEGATIVE_STEPS),
+        "dis_heavy": heavy,
+        "degenerate_returns": degen[-1] if degen else None,
+        "mismatch_high": high,
+    }
 
 # %% ../../nbs/61_metrics.health.ipynb #8575a974
 def health_flags(
-    health:HealthScan, # what the run's events (and, for timeouts and AReaL's end, its logs) said
-    finished:bool=False, # the reader's own evidence that the run ended (its last step was reached)
-    last_time:float|None=None, # time of the last new step (else of the run's start); None: never stalled
-    nonfinite:bool=False, # a watched metric was not finite (`nonfinite_watched`)
-    reward_timeout_rate:float|None=None, # the run's reward-timeout rate (`timeout_rate`)
-    stall_minutes:float=10.0, # a run with no new step for this long is `stalled`
-    now:float|None=None, # the current time (default: `time.time()`)
-    sao:dict|None=None, # `sao_flags` of the run's steps: each SAO flag is True when it has a step
+    health: HealthScan,  # what the run's events (and, for timeouts and AReaL's end, its logs) said
+    finished: bool = False,  # the reader's own evidence that the run ended (its last step was reached)
+    last_time: float | None = None,  # time of the last new step (else of the run's start); None: never stalled
+    nonfinite: bool = False,  # a watched metric was not finite (`nonfinite_watched`)
+    reward_timeout_rate: float | None = None,  # the run's reward-timeout rate (`timeout_rate`)
+    stall_minutes: float = 10.0,  # a run with no new step for this long is `stalled`
+    now: float | None = None,  # the current time (default: `time.time()`)
+    sao: dict | None = None,  # `sao_flags` of the run's steps: each SAO flag is True when it has a step
 ) -> dict:
     "Health flags of a run: oom, nan, stalled, finished, crashed, reward_timeout_rate, and the SAO flags."
     now = time.time() if now is None else now
     finished = health.finished or finished
     crashed = (not finished) and health.crashed()
     stalled = (not finished) and (not crashed) and last_time is not None and now - last_time > stall_minutes * 60
-    return {"oom": health.oom, "nan": health.nan or nonfinite, "stalled": stalled,
-            "finished": finished, "crashed": crashed, "reward_timeout_rate": reward_timeout_rate,
-            **{k: (sao or {}).get(k) is not None for k in SAO_FLAGS}}
+    return {
+        "oom": health.oom,
+        "nan": health.nan or nonfinite,
+        "stalled": stalled,
+        "finished": finished,
+        "crashed": crashed,
+        "reward_timeout_rate": reward_timeout_rate,
+        **{k: (sao or {}).get(k) is not None for k in SAO_FLAGS},
+    }

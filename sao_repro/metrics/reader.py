@@ -15,7 +15,14 @@ from fastcore.basics import patch
 from ..runlog import METRICS_FILE, EVENTS_FILE, loads_record, utf8_name, valid_step
 from ..runlog import add_derived, areal_to_metrics, flatten, graded_count, to_float
 from .areal import ArealLogParser, clean_log_line
-from .health import HealthScan, health_flags, mark_degenerate, nonfinite_watched, sao_flags, timeout_rate
+from sao_repro.metrics.health import (
+    HealthScan,
+    health_flags,
+    mark_degenerate,
+    nonfinite_watched,
+    sao_flags,
+    timeout_rate,
+)
 from .runs import LOG_SUFFIXES, areal_logs, readable, run_identity
 from .summary import readers_frame
 from .tail import LineTail
@@ -25,10 +32,10 @@ __all__ = ['parse_metrics_line', 'RunReader']
 
 # %% ../../nbs/64b_metrics.reader.ipynb #737efbce
 def parse_metrics_line(
-    raw:bytes, # one line of metrics.jsonl, without its newline
-    skipped:Counter, # incremented with the reason when the line is skipped
-    complete:bool=True, # False for an unterminated last line
-) -> tuple[int, dict]|None:
+    raw: bytes,  # one line of metrics.jsonl, without its newline
+    skipped: Counter,  # incremented with the reason when the line is skipped
+    complete: bool = True,  # False for an unterminated last line
+) -> tuple[int, dict] | None:
     "Parse one metrics.jsonl line into `(step, {metric: value})`, or None (counted in `skipped`)."
     s = raw.strip()
     if not s:
@@ -63,7 +70,8 @@ def parse_metrics_line(
 # %% ../../nbs/64b_metrics.reader.ipynb #5245e58b
 class RunReader:
     "Incremental reader of one run folder."
-    def __init__(self, run_dir, run_name:str, follow_symlinks:bool=True):
+
+    def __init__(self, run_dir, run_name: str, follow_symlinks: bool = True):
         self.dir = Path(run_dir)
         self.follow = follow_symlinks
         self.run = run_name
@@ -78,18 +86,18 @@ class RunReader:
         self.loading = True  # until a call reads every file to its end (a big log loads over several bounded calls)
         self.identity = run_identity(self.dir, run_name, follow_symlinks)
 
-    def _tail(self, path:Path) -> LineTail:
+    def _tail(self, path: Path) -> LineTail:
         if path not in self.tails:
             self.tails[path] = LineTail(path)
         return self.tails[path]
 
-    def _source(self) -> Path|None:
-        if readable(self.dir/METRICS_FILE, self.follow):
-            return self.dir/METRICS_FILE
+    def _source(self) -> Path | None:
+        if readable(self.dir / METRICS_FILE, self.follow):
+            return self.dir / METRICS_FILE
         logs = areal_logs(self.dir, self.follow)
         return logs[0] if logs else None
 
-    def _add(self, step:int, values:dict):
+    def _add(self, step: int, values: dict):
         self.nonfinite = self.nonfinite or nonfinite_watched(values)
         self.graded += graded_count(values) or 0.0
         self.steps.setdefault(step, {}).update(mark_degenerate(values))
@@ -98,17 +106,23 @@ class RunReader:
 
     def _log_files(self) -> list[Path]:
         try:
-            files = sorted(p for p in self.dir.iterdir()
-                           if p.suffix in LOG_SUFFIXES and p.name != EVENTS_FILE and utf8_name(p, "file") and readable(p, self.follow))
+            files = sorted(
+                p
+                for p in self.dir.iterdir()
+                if p.suffix in LOG_SUFFIXES
+                and p.name != EVENTS_FILE
+                and utf8_name(p, "file")
+                and readable(p, self.follow)
+            )
         except OSError:
             return []
-        if (self.dir/"merged.log").is_file():
+        if (self.dir / "merged.log").is_file():
             files = [p for p in files if p.name != "main.log"]
         return files
 
 # %% ../../nbs/64b_metrics.reader.ipynb #a3ecfc9b
 @patch
-def thin_steps(self:RunReader):
+def thin_steps(self: RunReader):
     "Drop every other step of the older half, so a reader with `max_steps` holds a bounded, downsampled history."
     old = sorted(self.steps)[: len(self.steps) // 2]
     for s in old[1::2]:
@@ -116,7 +130,7 @@ def thin_steps(self:RunReader):
 
 # %% ../../nbs/64b_metrics.reader.ipynb #3e0ae437
 @patch
-def _read_metrics(self:RunReader, src:Path, final:bool, max_bytes:int|None=None):
+def _read_metrics(self: RunReader, src: Path, final: bool, max_bytes: int | None = None):
     tail = self._tail(src)
     if tail.replaced():  # truncated or rewritten in place: its old steps are gone
         self.steps, self.areal, self.nonfinite, self.graded = {}, None, False, 0.0
@@ -139,8 +153,9 @@ def _read_metrics(self:RunReader, src:Path, final:bool, max_bytes:int|None=None)
         self._add_step_times()
     self.skipped["too_long"] = sum(t.too_long for t in self.tails.values())
 
+
 @patch
-def _add_step_times(self:RunReader):
+def _add_step_times(self: RunReader):
     "perf/step_s from the times of consecutive AReaL `Train step` lines."
     times = self.areal.step_times
     for s in self.steps:
@@ -149,27 +164,33 @@ def _add_step_times(self:RunReader):
 
 # %% ../../nbs/64b_metrics.reader.ipynb #b91a6c55
 @patch
-def progress(self:RunReader) -> tuple[int, int]:
+def progress(self: RunReader) -> tuple[int, int]:
     "`(bytes read, bytes known)` of the files the reader follows."
     return sum(t.offset for t in self.tails.values()), sum(max(t.size, t.offset) for t in self.tails.values())
 
+
 @patch
-def update(self:RunReader,
-           final:bool=False, # unterminated last lines count (as truncated), once each file is read to its end
-           max_bytes:int|None=None, # read at most about this many bytes in all (None: everything appended)
-          ) -> bool:
+def update(
+    self: RunReader,
+    final: bool = False,  # unterminated last lines count (as truncated), once each file is read to its end
+    max_bytes: int | None = None,  # read at most about this many bytes in all (None: everything appended)
+) -> bool:
     "Read what was appended since the last call; True when new steps arrived; `loading` while some of it is still unread."
     n_before = len(self.steps)
     last_before = max(self.steps, default=None)
     start = self.progress()[0]
+
     def left():
         return None if max_bytes is None else max_bytes - max(0, self.progress()[0] - start)
+
     short = False  # a file was not read to its end: the budget ran out
     src = self._source()
     if src is not None:
         self._read_metrics(src, final, left())
         short = self._tail(src).behind
-    files = ([self.dir/EVENTS_FILE] if readable(self.dir/EVENTS_FILE, self.follow) else []) + [p for p in self._log_files() if p != src]
+    files = ([self.dir / EVENTS_FILE] if readable(self.dir / EVENTS_FILE, self.follow) else []) + [
+        p for p in self._log_files() if p != src
+    ]
     for p in files:
         if short or (left() is not None and left() <= 0):
             short = True
@@ -190,35 +211,56 @@ def update(self:RunReader,
 
 # %% ../../nbs/64b_metrics.reader.ipynb #6da5653b
 @patch
-def _start_time(self:RunReader) -> float|None:
+def _start_time(self: RunReader) -> float | None:
     try:
         return min(p.stat().st_mtime for p in self.dir.iterdir() if p.is_file())
     except (OSError, ValueError):
         return None
 
+
 @patch
-def flags(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
+def flags(self: RunReader, stall_minutes: float = 10.0, now: float | None = None) -> dict:
     "Health flags of the run: oom, nan, stalled, finished, crashed, reward_timeout_rate."
     total = self.areal.total if self.areal else None
-    ended = (self.areal is not None and self.areal.finished) or (total is not None and max(self.steps, default=-1) >= total)
+    ended = (self.areal is not None and self.areal.finished) or (
+        total is not None and max(self.steps, default=-1) >= total
+    )
     rate = timeout_rate(self.steps, self.health.timeouts, self.graded)
-    return health_flags(self.health, ended, self.last_step_time or self._start_time(), self.nonfinite, rate,
-                        stall_minutes, now, sao_flags(self.steps))
+    return health_flags(
+        self.health,
+        ended,
+        self.last_step_time or self._start_time(),
+        self.nonfinite,
+        rate,
+        stall_minutes,
+        now,
+        sao_flags(self.steps),
+    )
 
 # %% ../../nbs/64b_metrics.reader.ipynb #5eaf9297
 @patch
-def info(self:RunReader, stall_minutes:float=10.0, now:float|None=None) -> dict:
+def info(self: RunReader, stall_minutes: float = 10.0, now: float | None = None) -> dict:
     "JSON-ready summary: run, setting, seed, backend, last step, flags (with the step of each SAO flag), skip counts, health messages."
     last = max(self.steps, default=None)
     t = self.last_step_time
-    return {"run": self.run, **self.identity, "last_step": last, "n_steps": len(self.steps),
-            "flags": self.flags(stall_minutes, now), "flag_steps": sao_flags(self.steps),
-            "last_update": None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)),
-            "reward_timeouts": self.health.timeouts, "skipped": dict(self.skipped),
-            "messages": list(self.health.messages),
-            "loading": self.loading, "loaded_bytes": self.progress()[0], "total_bytes": self.progress()[1]}
+    return {
+        "run": self.run,
+        **self.identity,
+        "last_step": last,
+        "n_steps": len(self.steps),
+        "flags": self.flags(stall_minutes, now),
+        "flag_steps": sao_flags(self.steps),
+        "last_update": None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)),
+        "reward_timeouts": self.health.timeouts,
+        "skipped": dict(self.skipped),
+        "messages": list(self.health.messages),
+        "loading": self.loading,
+        "loaded_bytes": self.progress()[0],
+        "total_bytes": self.progress()[1],
+    }
+
 
 @patch
-def frame(self:RunReader) -> pd.DataFrame:
+def frame(self: RunReader) -> pd.DataFrame:
     "The run's metrics as tidy rows (run, setting, seed, step, metric, value)."
     return readers_frame([self])

@@ -23,20 +23,29 @@ __all__ = ['AREAL_LOGS', 'LOG_SUFFIXES', 'RUN_MARKERS', 'SEED_RE', 'readable', '
 AREAL_LOGS = ("main.log", "merged.log")
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 
-def readable(p:Path, follow_symlinks:bool=True) -> bool:
+
+def readable(p: Path, follow_symlinks: bool = True) -> bool:
     "`p` is a file we may read (with `follow_symlinks=False`, the monitor's reading: never a symlink, which may point out of the tree, and only a file its user may read, `may_read`)."
     try:
         return p.is_file() and (follow_symlinks or (not p.is_symlink() and may_read(p)))
     except OSError:  # below a folder this user may list but not enter
         return False
 
-def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
+
+def areal_logs(run_dir, follow_symlinks: bool = True) -> list[Path]:
     "AReaL log files of a folder: main.log, merged.log, then other logs that look like AReaL's."
     d = Path(run_dir)
-    named = [d/f for f in AREAL_LOGS if readable(d/f, follow_symlinks)]
+    named = [d / f for f in AREAL_LOGS if readable(d / f, follow_symlinks)]
     try:
-        other = sorted(p for p in d.iterdir() if p.suffix in LOG_SUFFIXES and p.name not in AREAL_LOGS + (EVENTS_FILE,)
-                       and utf8_name(p, "file") and readable(p, follow_symlinks) and is_areal_log(p))
+        other = sorted(
+            p
+            for p in d.iterdir()
+            if p.suffix in LOG_SUFFIXES
+            and p.name not in AREAL_LOGS + (EVENTS_FILE,)
+            and utf8_name(p, "file")
+            and readable(p, follow_symlinks)
+            and is_areal_log(p)
+        )
     except OSError:
         other = []
     return named + other
@@ -45,7 +54,8 @@ def areal_logs(run_dir, follow_symlinks:bool=True) -> list[Path]:
 RUN_MARKERS = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE) + AREAL_LOGS
 SEED_RE = re.compile(r"seed[_\-]?(\d+)", re.I)
 
-def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
+
+def find_runs(path, follow_symlinks: bool = True) -> list[tuple[str, Path]]:
     "`(run_name, folder)` for every run folder at or below `path` (a folder or a file in a run)."
     root = Path(path)
     if root.is_file():
@@ -54,31 +64,40 @@ def find_runs(path, follow_symlinks:bool=True) -> list[tuple[str, Path]]:
         return []
     found = []
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith(".") and utf8_name(Path(d)/x))
-        if any(f in files for f in RUN_MARKERS) or any(f.endswith(LOG_SUFFIXES) and utf8_name(Path(d)/f, "file")
-                                                       and readable(Path(d)/f, follow_symlinks) and is_areal_log(Path(d)/f) for f in files):
+        dirs[:] = sorted(x for x in dirs if x != "checkpoints" and not x.startswith(".") and utf8_name(Path(d) / x))
+        if any(f in files for f in RUN_MARKERS) or any(
+            f.endswith(LOG_SUFFIXES)
+            and utf8_name(Path(d) / f, "file")
+            and readable(Path(d) / f, follow_symlinks)
+            and is_areal_log(Path(d) / f)
+            for f in files
+        ):
             found.append(Path(d))
             dirs[:] = []
+
     def name(d):
         rel = d.relative_to(root).as_posix()
         if rel != ".":
             return rel
         parts = d.resolve().parts
         return "/".join(parts[-3:]) if SEED_RE.fullmatch(parts[-1]) else parts[-1]
+
     named = [(name(d), d) for d in found]
     return [(n, d) for n, d in named if utf8_name(d, "run folder", n)]  # the folder given: named from its path
 
 # %% ../../nbs/62_metrics.runs.ipynb #0cddb051
-def mode_allows(st:os.stat_result, # a file's or folder's stat
-                uid:int, # the reader's user id
-                gids:set[int], # the reader's group ids
-               ) -> bool:
+def mode_allows(
+    st: os.stat_result,  # a file's or folder's stat
+    uid: int,  # the reader's user id
+    gids: set[int],  # the reader's group ids
+) -> bool:
     "The mode bits of `st` let user `uid` read it (and list and enter it, if a folder); no superuser override."
     want = 0o5 if stat.S_ISDIR(st.st_mode) else 0o4
     shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
     return (st.st_mode >> shift) & want == want
 
-def may_read(p:str|Path) -> bool:
+
+def may_read(p: str | Path) -> bool:
     "This process's user may read `p` (list and enter it, if a folder): `os.access`, or for the superuser the mode bits."
     try:
         if os.geteuid() != 0:
@@ -88,15 +107,22 @@ def may_read(p:str|Path) -> bool:
     except OSError:
         return False
 
-def may_read_below(root:str|Path, # the folder served
-                   p:str|Path, # a folder or file at or below it
-                  ) -> bool:
+
+def may_read_below(
+    root: str | Path,  # the folder served
+    p: str | Path,  # a folder or file at or below it
+) -> bool:
     "`may_read` for `p` and every folder from `root` down to it (False when `p` is not below `root`)."
     root, p = Path(root), Path(p)
     if p != root and not p.is_relative_to(root):
         return False
-    return all(may_read(q) for q in [root, *[root.joinpath(*p.relative_to(root).parts[:i + 1])
-                                             for i in range(len(p.relative_to(root).parts))]])
+    return all(
+        may_read(q)
+        for q in [
+            root,
+            *[root.joinpath(*p.relative_to(root).parts[: i + 1]) for i in range(len(p.relative_to(root).parts))],
+        ]
+    )
 
 # %% ../../nbs/62_metrics.runs.ipynb #dbcb3bd1
 def setting_re() -> re.Pattern:
@@ -104,17 +130,19 @@ def setting_re() -> re.Pattern:
     names = sorted(list_settings(), key=len, reverse=True)
     return re.compile(r"(?<![a-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![a-z0-9])", re.I)
 
-def read_config(run_dir, follow_symlinks:bool=True) -> dict:
+
+def read_config(run_dir, follow_symlinks: bool = True) -> dict:
     "The run's config.json as a dict (empty when missing or unreadable)."
-    if not readable(Path(run_dir)/CONFIG_FILE, follow_symlinks):
+    if not readable(Path(run_dir) / CONFIG_FILE, follow_symlinks):
         return {}
     try:
-        cfg = json.loads((Path(run_dir)/CONFIG_FILE).read_text())
+        cfg = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     return cfg if isinstance(cfg, dict) else {}
 
-def run_identity(run_dir, run_name:str, follow_symlinks:bool=True) -> dict:
+
+def run_identity(run_dir, run_name: str, follow_symlinks: bool = True) -> dict:
     "`setting`, `seed` and `backend` of a run, from config.json or else from its path."
     cfg = read_config(run_dir, follow_symlinks)
     parts = Path(run_dir).resolve().parts[-4:]
@@ -124,10 +152,14 @@ def run_identity(run_dir, run_name:str, follow_symlinks:bool=True) -> dict:
         hits = [m.group(1).lower() for p in parts for m in [pat.search(p)] if m]
         setting = hits[-1] if hits else "unknown"
     seed = cfg.get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 < seed < 2**63:  # a seed column holds int64
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) < seed < 2**63:  # a seed column holds int64
         hits = [int(m.group(1)) for p in parts for m in [SEED_RE.search(p)] if m]
         seed = hits[-1] if hits else None
     backend = cfg.get("backend")
     if not isinstance(backend, str):
-        backend = "areal" if areal_logs(run_dir, follow_symlinks) else (run_name.split("/")[0] if "/" in run_name else "unknown")
+        backend = (
+            "areal"
+            if areal_logs(run_dir, follow_symlinks)
+            else (run_name.split("/")[0] if "/" in run_name else "unknown")
+        )
     return {"setting": setting, "seed": seed, "backend": backend}

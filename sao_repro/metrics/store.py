@@ -21,11 +21,13 @@ __all__ = ['RunStore', 'collect_metrics', 'scan_runs', 'run_flags', 'bench_metri
 # %% ../../nbs/64c_metrics.store.ipynb #aba23ca3
 class RunStore:
     "Readers for every run folder below `root`, refreshed incrementally."
-    def __init__(self,
-                 root, # a runs tree, a run folder, or an AReaL logs folder
-                 follow_symlinks:bool=True, # False: never read a symlinked file (the monitor: only files inside root)
-                 max_steps:int|None=None, # keep at most this many steps per run (older ones downsampled); None: all
-                ):
+
+    def __init__(
+        self,
+        root,  # a runs tree, a run folder, or an AReaL logs folder
+        follow_symlinks: bool = True,  # False: never read a symlinked file (the monitor: only files inside root)
+        max_steps: int | None = None,  # keep at most this many steps per run (older ones downsampled); None: all
+    ):
         self.root = Path(root)
         self.follow = follow_symlinks
         self.max_steps = max_steps
@@ -40,7 +42,7 @@ class RunStore:
                 new[name].max_steps = self.max_steps
         return new
 
-    def read(self, final:bool=False, max_bytes:int|None=None) -> int:
+    def read(self, final: bool = False, max_bytes: int | None = None) -> int:
         "Read new data of every run, at most about `max_bytes` in all (runs still loading last); returns the bytes read."
         total = 0
         for r in sorted(self.readers.values(), key=lambda r: r.loading):
@@ -56,7 +58,7 @@ class RunStore:
         "True while some run has data not read yet (a bounded `read` stopped short)."
         return any(r.loading for r in self.readers.values())
 
-    def refresh(self, final:bool=False, max_bytes:int|None=None) -> dict:
+    def refresh(self, final: bool = False, max_bytes: int | None = None) -> dict:
         "Discover runs and read new data (at most about `max_bytes`); returns the readers by run name."
         self.readers.update(self.new_readers())
         self.read(final, max_bytes)
@@ -65,13 +67,13 @@ class RunStore:
     def frame(self) -> pd.DataFrame:
         return readers_frame(list(self.readers.values()))
 
-    def infos(self, stall_minutes:float=10.0, now:float|None=None) -> list[dict]:
+    def infos(self, stall_minutes: float = 10.0, now: float | None = None) -> list[dict]:
         return [r.info(stall_minutes, now) for r in sorted(self.readers.values(), key=lambda r: r.run)]
 
 # %% ../../nbs/64c_metrics.store.ipynb #be3e13c3
 def collect_metrics(
-    path, # a run folder, a runs tree, or an AReaL logs folder
-    stall_minutes:float=10.0, # a run with no new step for this long is `stalled` (see `df.attrs["runs"]`)
+    path,  # a run folder, a runs tree, or an AReaL logs folder
+    stall_minutes: float = 10.0,  # a run with no new step for this long is `stalled` (see `df.attrs["runs"]`)
 ) -> pd.DataFrame:
     "Every metric of every run below `path` as a tidy frame (run, setting, seed, step, metric, value)."
     store = RunStore(path)
@@ -81,47 +83,74 @@ def collect_metrics(
     df.attrs["skipped"] = SharedDict({i["run"]: i["skipped"] for i in df.attrs["runs"]})
     return df
 
-def scan_runs(path, stall_minutes:float=10.0, now:float|None=None) -> list[dict]:
+
+def scan_runs(path, stall_minutes: float = 10.0, now: float | None = None) -> list[dict]:
     "Per-run summaries with health `flags` for every run below `path`."
     store = RunStore(path)
     store.refresh(final=True)
     return store.infos(stall_minutes, now)
 
-def run_flags(run_dir, stall_minutes:float=10.0, now:float|None=None) -> dict:
+
+def run_flags(run_dir, stall_minutes: float = 10.0, now: float | None = None) -> dict:
     "Health flags of the single run in `run_dir`."
     r = RunReader(run_dir, Path(run_dir).name)
     r.update(final=True)
     return r.flags(stall_minutes, now)
 
 # %% ../../nbs/64c_metrics.store.ipynb #67d63ae6
-def bench_metrics(n_steps:int=20_000, # steps in the synthetic metrics.jsonl
-                 ) -> pd.DataFrame:
+def bench_metrics(
+    n_steps: int = 20_000,  # steps in the synthetic metrics.jsonl
+) -> pd.DataFrame:
     "Time full reads and incremental updates of a synthetic run; prints and returns the table."
     import tempfile
-    keys = ["acc", "reward/mean", "dis/kept_frac", "dis/masked_below_frac", "dis/masked_above_frac", "adv/mean", "adv/std",
-            "actor/loss", "actor/grad_norm", "rollout/policy_lag", "rollout/resp_len", "perf/step_s", "critic/value_loss",
-            "critic/explained_var"] + [f"extra/k{i}" for i in range(11)]
+
+    keys = [
+        "acc",
+        "reward/mean",
+        "dis/kept_frac",
+        "dis/masked_below_frac",
+        "dis/masked_above_frac",
+        "adv/mean",
+        "adv/std",
+        "actor/loss",
+        "actor/grad_norm",
+        "rollout/policy_lag",
+        "rollout/resp_len",
+        "perf/step_s",
+        "critic/value_loss",
+        "critic/explained_var",
+    ] + [f"extra/k{i}" for i in range(11)]
+
     def clock(fn):
         t = time.perf_counter()
         fn()
         return time.perf_counter() - t
+
     with tempfile.TemporaryDirectory() as d:
-        run = Path(d)/"mini"/"sao"/"seed0"
+        run = Path(d) / "mini" / "sao" / "seed0"
         run.mkdir(parents=True)
-        with open(run/METRICS_FILE, "w") as f:
+        with open(run / METRICS_FILE, "w") as f:
             for s in range(n_steps):
                 f.write(json.dumps({"step": s, **{k: (s % 97) / 97 for k in keys}}) + "\n")
         t_ours = clock(lambda: collect_metrics(d))
-        t_pd = clock(lambda: pd.read_json(run/METRICS_FILE, lines=True))
+        t_pd = clock(lambda: pd.read_json(run / METRICS_FILE, lines=True))
         r = RunReader(run, "r")
         r.update()
-        with open(run/METRICS_FILE, "a") as f:
+        with open(run / METRICS_FILE, "a") as f:
             f.write(json.dumps({"step": n_steps, **{k: 0.5 for k in keys}}) + "\n")
         t_inc = clock(r.update)
         t_full = clock(lambda: RunReader(run, "r").update())
-    out = pd.DataFrame({"case": ["full read: collect_metrics", "full read: pandas.read_json(lines=True)",
-                                 "append 1 step: incremental update()", "append 1 step: re-read everything"],
-                        "seconds": [t_ours, t_pd, t_inc, t_full]})
+    out = pd.DataFrame(
+        {
+            "case": [
+                "full read: collect_metrics",
+                "full read: pandas.read_json(lines=True)",
+                "append 1 step: incremental update()",
+                "append 1 step: re-read everything",
+            ],
+            "seconds": [t_ours, t_pd, t_inc, t_full],
+        }
+    )
     out["ratio"] = out.seconds / out.seconds[[0, 0, 3, 3]].to_numpy()
     print(f"bench_metrics: {n_steps} steps x {len(keys)} keys")
     print(out.to_string(index=False, float_format=lambda x: f"{x:.4g}"))

@@ -16,13 +16,17 @@ __all__ = ['COLUMNS', 'tidy', 'readers_frame', 'SharedList', 'SharedDict', 'wind
 # %% ../../nbs/63_metrics.summary.ipynb #d1f3a002
 COLUMNS = ["run", "setting", "seed", "step", "metric", "value"]
 
-def tidy(frames:list[pd.DataFrame]) -> pd.DataFrame:
+
+def tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:
     "Concatenate per-run frames (each sorted by step, metric) in run order, with fixed columns and dtypes."
     frames = sorted((f for f in frames if len(f)), key=lambda f: f["run"].iloc[0])
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    return df[COLUMNS].astype({"run": str, "setting": str, "seed": "Int64", "step": "int64", "metric": str, "value": "float64"})
+    return df[COLUMNS].astype(
+        {"run": str, "setting": str, "seed": "Int64", "step": "int64", "metric": str, "value": "float64"}
+    )
 
-def readers_frame(readers:list) -> pd.DataFrame:
+
+def readers_frame(readers: list) -> pd.DataFrame:
     "The tidy frame of the readers' runs (each with `run`, `identity` and `steps`), in run order, built in one go."
     rs = sorted(readers, key=lambda r: r.run)
     n, steps, metrics, values = [], [], [], []
@@ -35,25 +39,40 @@ def readers_frame(readers:list) -> pd.DataFrame:
             metrics += keys
             values += map(m.__getitem__, keys)
         n.append(len(steps) - before)
-    ident = lambda f: np.repeat(np.array([f(r) for r in rs] + [None], dtype=object)[:len(rs)], n)
-    return tidy([pd.DataFrame({"run": ident(lambda r: r.run), "setting": ident(lambda r: r.identity["setting"]),
-                               "seed": ident(lambda r: r.identity["seed"]), "step": steps, "metric": metrics,
-                               "value": np.array(values, dtype="float64")})])
+    ident = lambda f: np.repeat(np.array([f(r) for r in rs] + [None], dtype=object)[: len(rs)], n)
+    return tidy(
+        [
+            pd.DataFrame(
+                {
+                    "run": ident(lambda r: r.run),
+                    "setting": ident(lambda r: r.identity["setting"]),
+                    "seed": ident(lambda r: r.identity["seed"]),
+                    "step": steps,
+                    "metric": metrics,
+                    "value": np.array(values, dtype="float64"),
+                }
+            )
+        ]
+    )
+
 
 class SharedList(list):
     "A list kept in `DataFrame.attrs`, shared (read-only): pandas deep-copies `attrs` into each frame an operation makes."
+
     def __deepcopy__(self, memo):
         return self
 
+
 class SharedDict(dict):
     "A dict kept in `DataFrame.attrs`, shared (read-only) like `SharedList`."
+
     __deepcopy__ = SharedList.__deepcopy__
 
 # %% ../../nbs/63_metrics.summary.ipynb #69904514
 def window(
-    df:pd.DataFrame, # tidy metrics frame
-    which:str="end", # "start" (first `steps` steps of each run) or "end" (last `steps` steps)
-    steps:int=50, # window length in steps
+    df: pd.DataFrame,  # tidy metrics frame
+    which: str = "end",  # "start" (first `steps` steps of each run) or "end" (last `steps` steps)
+    steps: int = 50,  # window length in steps
 ) -> pd.DataFrame:
     "Rows of `df` inside each run's start or end window."
     if which not in ("start", "end"):
@@ -63,10 +82,11 @@ def window(
         return df[df.step < g.transform("min") + steps]
     return df[df.step > g.transform("max") - steps]
 
+
 def smooth(
-    df:pd.DataFrame, # tidy metrics frame
-    window:int=10, # points in the rolling mean, or the EMA span
-    method:str="rolling", # "rolling" or "ema"
+    df: pd.DataFrame,  # tidy metrics frame
+    window: int = 10,  # points in the rolling mean, or the EMA span
+    method: str = "rolling",  # "rolling" or "ema"
 ) -> pd.DataFrame:
     "A copy of `df` with `value` smoothed along steps per (run, metric)."
     if method not in ("rolling", "ema"):
@@ -79,16 +99,21 @@ def smooth(
 
 # %% ../../nbs/63_metrics.summary.ipynb #1b500308
 def summarize_runs(
-    df:pd.DataFrame, # tidy metrics frame (from `collect_metrics`)
-    start_steps:int=50, # start window: the first `start_steps` steps of each run
-    end_steps:int=50, # end window: the last `end_steps` steps of each run
-    metrics:tuple=("acc",), # metrics to summarize
+    df: pd.DataFrame,  # tidy metrics frame (from `collect_metrics`)
+    start_steps: int = 50,  # start window: the first `start_steps` steps of each run
+    end_steps: int = 50,  # end window: the last `end_steps` steps of each run
+    metrics: tuple = ("acc",),  # metrics to summarize
 ) -> pd.DataFrame:
     "One row per run: first/last step and, per metric, mean over the start and end windows and their difference."
     if df.empty:
         return pd.DataFrame(columns=["run", "setting", "seed", "first_step", "last_step", "n_steps"])
-    out = df.groupby("run").agg(setting=("setting", "first"), seed=("seed", "first"),
-                                first_step=("step", "min"), last_step=("step", "max"), n_steps=("step", "nunique"))
+    out = df.groupby("run").agg(
+        setting=("setting", "first"),
+        seed=("seed", "first"),
+        first_step=("step", "min"),
+        last_step=("step", "max"),
+        n_steps=("step", "nunique"),
+    )
     for m in metrics:
         sel = df[df.metric == m]
         start = window(sel, "start", start_steps).groupby("run").value.mean() if len(sel) else pd.Series(dtype=float)
@@ -98,7 +123,8 @@ def summarize_runs(
         out[f"delta_{m}"] = out[f"end_{m}"] - out[f"start_{m}"]
     return out.reset_index()
 
-def summarize_settings(summary:pd.DataFrame, metric:str="acc") -> pd.DataFrame:
+
+def summarize_settings(summary: pd.DataFrame, metric: str = "acc") -> pd.DataFrame:
     "Per setting: number of seeds and mean / std over seeds of the start and end windows of `metric`."
     cols = [f"start_{metric}", f"end_{metric}", f"delta_{metric}"]
     g = summary.groupby("setting")[cols]
@@ -107,7 +133,12 @@ def summarize_settings(summary:pd.DataFrame, metric:str="acc") -> pd.DataFrame:
     return out.reset_index()
 
 # %% ../../nbs/63_metrics.summary.ipynb #6c7070a7
-def to_wide(df:pd.DataFrame) -> pd.DataFrame:
+def to_wide(df: pd.DataFrame) -> pd.DataFrame:
     "One row per (run, setting, seed, step), one column per metric."
-    return df.pivot_table(index=["run", "setting", "seed", "step"], columns="metric", values="value",
-                          aggfunc="last", dropna=False).reset_index().rename_axis(columns=None)
+    return (
+        df.pivot_table(
+            index=["run", "setting", "seed", "step"], columns="metric", values="value", aggfunc="last", dropna=False
+        )
+        .reset_index()
+        .rename_axis(columns=None)
+    )

@@ -21,10 +21,12 @@ CHUNK = 1 << 20
 # %% ../../nbs/64a_metrics.tail.ipynb #9813f295
 class LineTail:
     "Incremental reader of the complete lines appended to `path`."
-    def __init__(self,
-                 path, # file to follow
-                 max_line:int=MAX_LINE, # longer lines are dropped and counted in `too_long`
-                ):
+
+    def __init__(
+        self,
+        path,  # file to follow
+        max_line: int = MAX_LINE,  # longer lines are dropped and counted in `too_long`
+    ):
         self.path = Path(path)
         self.max_line = max_line
         self.offset = 0
@@ -45,10 +47,11 @@ class LineTail:
         except OSError:
             return None
 
-    def read(self,
-             final:bool=False, # also yield an unterminated last line (once the whole file is read)
-             max_bytes:int|None=None, # read at most about this many bytes in this call (None: to the end)
-            ) -> Iterator[tuple[bytes, bool]]:
+    def read(
+        self,
+        final: bool = False,  # also yield an unterminated last line (once the whole file is read)
+        max_bytes: int | None = None,  # read at most about this many bytes in this call (None: to the end)
+    ) -> Iterator[tuple[bytes, bool]]:
         "Yield `(line, complete)` for new lines; `complete` is False only for a final unterminated line."
         size = self._stat_size()
         if size is None:
@@ -82,8 +85,9 @@ class LineTail:
 # %% ../../nbs/64a_metrics.tail.ipynb #53dc8928
 HEAD_BYTES = 256
 
+
 @patch
-def replaced(self:LineTail) -> bool:
+def replaced(self: LineTail) -> bool:
     "True (and the tail rewound to the start) when the file was truncated or replaced in place since the last call."
     try:
         st = self.path.stat()

@@ -31,7 +31,7 @@ STUDY_OPTIONS = {  # the run options of each family's study (README: the default
     "add": {},
 }
 
-_STEP_PROBE = r'''
+_STEP_PROBE = r"""
 import json, statistics, sys, tempfile, time, torch
 from sao_repro.mini.train import MiniRunConfig, MiniTrainer
 from sao_repro.mini.model import token_logp
@@ -51,9 +51,9 @@ for _ in range(10):
     (token_logp(tr.policy(ro.tokens), ro.tokens) * ro.loss_mask).sum().backward()
     fb.append(time.perf_counter() - t)
 print(json.dumps({"step_s": statistics.median(ts), "floor_s": statistics.median(fb[2:])}))
-'''
+"""
 
-_WARM_PROBE = r'''
+_WARM_PROBE = r"""
 import dataclasses, inspect, json, sys, time
 from sao_repro.mini.train import MiniRunConfig
 from sao_repro.mini.model import pretrain
@@ -64,9 +64,10 @@ pc = dataclasses.replace(full, steps=steps, warmup=min(full.warmup, steps - 1))
 kw = {"threads": 1} if "threads" in inspect.signature(pretrain).parameters else {}  # as each version builds
 t = time.perf_counter(); pretrain(cfg.task(), cfg.model(), pc, log=None, **kw)
 print(json.dumps({"step_s": (time.perf_counter() - t) / steps, "full_steps": full.steps}))
-'''
+"""
 
-def _probe(code:str, args:list, pythonpath:str|None=None) -> dict:
+
+def _probe(code: str, args: list, pythonpath: str | None = None) -> dict:
     "Run a probe in a fresh process (the given code first on PYTHONPATH); its last stdout line as JSON."
     env = dict(os.environ)
     if pythonpath:
@@ -77,42 +78,49 @@ def _probe(code:str, args:list, pythonpath:str|None=None) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 # %% ../../nbs/34_mini.bench.ipynb #5924ff42
-def checkout(ref:str, dest:Path) -> Path:
+def checkout(ref: str, dest: Path) -> Path:
     "The package `sao_repro` as it was at commit `ref`, extracted into `dest` (a folder to put on PYTHONPATH)."
     repo = repo_dir()
     if not (repo / ".git").exists():
         raise SystemExit(f"--baseline {ref}: {repo} is not a git checkout; run the benchmark from a clone")
     arch = subprocess.run(["git", "-C", str(repo), "archive", ref, "sao_repro"], capture_output=True)
     if arch.returncode:
-        raise SystemExit(f"--baseline {ref}: git archive failed: {arch.stderr.decode().strip()} "
-                         "(give a commit of this repository, e.g. ed3e5a3)")
+        raise SystemExit(
+            f"--baseline {ref}: git archive failed: {arch.stderr.decode().strip()} "
+            "(give a commit of this repository, e.g. ed3e5a3)"
+        )
     subprocess.run(["tar", "-x", "-C", str(dest)], input=arch.stdout, check=True)
     return dest
 
+
 class _Busy:
     "One process spinning on a core while the block runs (another job on the machine)."
+
     def __enter__(self):
         self.p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         return self
+
     def __exit__(self, *exc):
         self.p.kill()
         self.p.wait()
 
 # %% ../../nbs/34_mini.bench.ipynb #2fc0d9c1
-def _fmt_table(head:list[str], rows:list[list]) -> str:
+def _fmt_table(head: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         out.append("| " + " | ".join(x if isinstance(x, str) else f"{x:.3f}" for x in r) + " |")
     return "\n".join(out)
 
-def bench_steps(family:str="chain", # task family whose study options are timed
-                settings:list[str]|None=None, # default: all five
-                steps:int=30, # timed steps per setting (after `warm` untimed ones)
-                warm:int=5,
-                baseline:str|None=None, # folder holding another version's `sao_repro` (see `checkout`)
-                extra:dict|None=None, # run options added to the family's (e.g. a smoke preset in tests)
-                rounds:int=3, # fresh processes per setting and version, alternating; the median is reported
-               ) -> list[dict]:
+
+def bench_steps(
+    family: str = "chain",  # task family whose study options are timed
+    settings: list[str] | None = None,  # default: all five
+    steps: int = 30,  # timed steps per setting (after `warm` untimed ones)
+    warm: int = 5,
+    baseline: str | None = None,  # folder holding another version's `sao_repro` (see `checkout`)
+    extra: dict | None = None,  # run options added to the family's (e.g. a smoke preset in tests)
+    rounds: int = 3,  # fresh processes per setting and version, alternating; the median is reported
+) -> list[dict]:
     "Median s/step of each setting, its floor, and the baseline's s/step measured alternately; prints a table."
     rows = []
     for s in settings or list_settings():
@@ -122,53 +130,102 @@ def bench_steps(family:str="chain", # task family whose study options are timed
             mine.append(_probe(_STEP_PROBE, args))
             if baseline:
                 base.append(_probe(_STEP_PROBE, args, baseline)["step_s"])
-        r = {"setting": s, "step_s": statistics.median(m["step_s"] for m in mine),
-             "floor_s": statistics.median(m["floor_s"] for m in mine)}
+        r = {
+            "setting": s,
+            "step_s": statistics.median(m["step_s"] for m in mine),
+            "floor_s": statistics.median(m["floor_s"] for m in mine),
+        }
         if baseline:
             r["base_step_s"] = statistics.median(base)
         rows.append(r)
-        print(f"  {s}: {r['step_s']:.3f} s/step" + (f" (baseline {r['base_step_s']:.3f})" if baseline else ""), flush=True)
-    head = ["setting", "s/step", "floor s (one f+b)", "s/step / floor"] + (["baseline s/step", "speedup"] if baseline else [])
-    print(_fmt_table(head, [[r["setting"], r["step_s"], r["floor_s"], r["step_s"] / r["floor_s"]]
-                            + ([r["base_step_s"], r["base_step_s"] / r["step_s"]] if baseline else []) for r in rows]))
+        print(
+            f"  {s}: {r['step_s']:.3f} s/step" + (f" (baseline {r['base_step_s']:.3f})" if baseline else ""), flush=True
+        )
+    head = ["setting", "s/step", "floor s (one f+b)", "s/step / floor"] + (
+        ["baseline s/step", "speedup"] if baseline else []
+    )
+    print(
+        _fmt_table(
+            head,
+            [
+                [r["setting"], r["step_s"], r["floor_s"], r["step_s"] / r["floor_s"]]
+                + ([r["base_step_s"], r["base_step_s"] / r["step_s"]] if baseline else [])
+                for r in rows
+            ],
+        )
+    )
     return rows
 
-def bench_warm_start(family:str="chain", steps:int=100, baseline:str|None=None, rounds:int=3) -> list[dict]:
+
+def bench_warm_start(
+    family: str = "chain", steps: int = 100, baseline: str | None = None, rounds: int = 3
+) -> list[dict]:
     "s per warm-start step, idle and beside a busy process, for this code (and the baseline); prints a table."
     rows = []
     args = [json.dumps(STUDY_OPTIONS[family]), steps]
     for cond in ("idle", "beside a busy process"):
         mine, base = [], []
-        with (_Busy() if cond != "idle" else contextlib.nullcontext()):
+        with _Busy() if cond != "idle" else contextlib.nullcontext():
             for _ in range(rounds):
                 mine.append(_probe(_WARM_PROBE, args))
                 if baseline:
                     base.append(_probe(_WARM_PROBE, args, baseline)["step_s"])
-        r = {"condition": cond, "step_s": statistics.median(m["step_s"] for m in mine), "full_steps": mine[0]["full_steps"]}
+        r = {
+            "condition": cond,
+            "step_s": statistics.median(m["step_s"] for m in mine),
+            "full_steps": mine[0]["full_steps"],
+        }
         if baseline:
             r["base_step_s"] = statistics.median(base)
         rows.append(r)
     full = rows[0]["full_steps"]
-    head = ["warm start", "s/step", f"build ({full} steps) s"] + (["baseline s/step", "baseline build s", "speedup"] if baseline else [])
-    print(_fmt_table(head, [[r["condition"], r["step_s"], r["step_s"] * full]
-                            + ([r["base_step_s"], r["base_step_s"] * full, r["base_step_s"] / r["step_s"]] if baseline else [])
-                            for r in rows]))
+    head = ["warm start", "s/step", f"build ({full} steps) s"] + (
+        ["baseline s/step", "baseline build s", "speedup"] if baseline else []
+    )
+    print(
+        _fmt_table(
+            head,
+            [
+                [r["condition"], r["step_s"], r["step_s"] * full]
+                + ([r["base_step_s"], r["base_step_s"] * full, r["base_step_s"] / r["step_s"]] if baseline else [])
+                for r in rows
+            ],
+        )
+    )
     return rows
 
 # %% ../../nbs/34_mini.bench.ipynb #0b1ce160
 def bench_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sao_repro.bench mini", description="Seconds per training step per "
-                                "setting against the step's floor (one forward+backward of the same batch), and the "
-                                "warm-start build; with --baseline, beside another commit's code.")
-    p.add_argument("--family", default="chain", choices=sorted(STUDY_OPTIONS), help="task family and its study options (default chain)")
-    p.add_argument("--settings", nargs="+", default=None, choices=list_settings(), help="settings to time (default all)")
+    p = argparse.ArgumentParser(
+        prog="python -m sao_repro.bench mini",
+        description="Seconds per training step per "
+        "setting against the step's floor (one forward+backward of the same batch), and the "
+        "warm-start build; with --baseline, beside another commit's code.",
+    )
+    p.add_argument(
+        "--family",
+        default="chain",
+        choices=sorted(STUDY_OPTIONS),
+        help="task family and its study options (default chain)",
+    )
+    p.add_argument(
+        "--settings", nargs="+", default=None, choices=list_settings(), help="settings to time (default all)"
+    )
     p.add_argument("--steps", type=int, default=30, help="timed training steps per setting (default 30)")
-    p.add_argument("--warm-steps", type=int, default=100, help="timed warm-start steps (default 100; 0 skips the warm start)")
+    p.add_argument(
+        "--warm-steps", type=int, default=100, help="timed warm-start steps (default 100; 0 skips the warm start)"
+    )
     p.add_argument("--baseline", default=None, metavar="REF", help="a commit to measure beside this code, e.g. ed3e5a3")
-    p.add_argument("--rounds", type=int, default=3, help="fresh processes per setting and version, alternating; medians (default 3)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="fresh processes per setting and version, alternating; medians (default 3)",
+    )
     return p
 
-def main(argv:list[str]|None=None) -> int:
+
+def main(argv: list[str] | None = None) -> int:
     "`python -m sao_repro.bench mini [...]`."
     a = bench_parser().parse_args(argv)
     if a.steps < 1 or a.warm_steps < 0 or a.rounds < 1:
@@ -176,8 +233,12 @@ def main(argv:list[str]|None=None) -> int:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as td:
         base = str(checkout(a.baseline, Path(td))) if a.baseline else None
-        print(f"python -m sao_repro.bench mini --family {a.family}" + (f" --baseline {a.baseline}" if a.baseline else "")
-              + f"; one torch thread per process, {os.cpu_count()} cores", flush=True)
+        print(
+            f"python -m sao_repro.bench mini --family {a.family}"
+            + (f" --baseline {a.baseline}" if a.baseline else "")
+            + f"; one torch thread per process, {os.cpu_count()} cores",
+            flush=True,
+        )
         bench_steps(a.family, a.settings, a.steps, baseline=base, rounds=a.rounds)
         if a.warm_steps:
             print()
@@ -188,6 +249,7 @@ def main(argv:list[str]|None=None) -> int:
 # %% ../../nbs/34_mini.bench.ipynb #00a37f16
 def _timed_sweep(cfg: Path, out: Path, extra: list[str]) -> float:
     from sao_repro.mini.sweep import sweep_main
+
     t = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         rc = sweep_main([str(cfg), "--out", str(out), *extra])
@@ -195,17 +257,26 @@ def _timed_sweep(cfg: Path, out: Path, extra: list[str]) -> float:
         raise RuntimeError(f"the benchmark sweep failed (exit {rc}) in {out}")
     return time.perf_counter() - t
 
-def bench_sweep(argv:list[str]|None=None) -> list[dict]:
+
+def bench_sweep(argv: list[str] | None = None) -> list[dict]:
     "`python -m sao_repro.bench sweep [--runs N] [--steps S] [--cpus C]`: prints the table; returns its rows."
-    p = argparse.ArgumentParser(prog="python -m sao_repro.bench sweep", description="The Ray path of `sao-repro sweep` "
-                                "against the local pool: the same runs, side by side.")
+    p = argparse.ArgumentParser(
+        prog="python -m sao_repro.bench sweep",
+        description="The Ray path of `sao-repro sweep` against the local pool: the same runs, side by side.",
+    )
     p.add_argument("--runs", type=int, default=8, help="runs per path (even; default 8)")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
     p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs for both paths (default: this machine's)")
     a = p.parse_args(argv)
     base = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 10, "ckpt_every": 10}
-    sweep = {"name": "bench", "settings": ["single_dis", "running_mean"], "seeds": max(1, a.runs // 2), "steps": a.steps,
-             "window": 5, "base": base}
+    sweep = {
+        "name": "bench",
+        "settings": ["single_dis", "running_mean"],
+        "seeds": max(1, a.runs // 2),
+        "steps": a.steps,
+        "window": 5,
+        "base": base,
+    }
     n = 2 * sweep["seeds"]
     with tempfile.TemporaryDirectory() as td:
         td = Path(td)
@@ -218,15 +289,31 @@ def bench_sweep(argv:list[str]|None=None) -> list[dict]:
         finally:
             os.environ.pop("SAO_REPRO_CACHE") if old is None else os.environ.__setitem__("SAO_REPRO_CACHE", old)
     print(f"python -m sao_repro.bench sweep: {n} smoke runs of {a.steps} steps, {a.cpus} CPUs, {os.cpu_count()} cores")
-    print(_fmt_table(["path", "runs", "CPUs", "wall s", "CPU-s per run", "ratio to local pool"],
-                     [[r["path"], str(n) if r["ratio"] else "", str(a.cpus), f"{r['wall_s']:.1f}", f"{r['cpu_s_per_run']:.1f}" if r["cpu_s_per_run"] else "-",
-                       f"{r['ratio']:.2f}" if r["ratio"] else "-"] for r in rows]))
+    print(
+        _fmt_table(
+            ["path", "runs", "CPUs", "wall s", "CPU-s per run", "ratio to local pool"],
+            [
+                [
+                    r["path"],
+                    str(n) if r["ratio"] else "",
+                    str(a.cpus),
+                    f"{r['wall_s']:.1f}",
+                    f"{r['cpu_s_per_run']:.1f}" if r["cpu_s_per_run"] else "-",
+                    f"{r['ratio']:.2f}" if r["ratio"] else "-",
+                ]
+                for r in rows
+            ],
+        )
+    )
     per = rows[1]["cpu_s_per_run"]
-    print("\nprojected wall time of a 50-run sweep on the Ray path: " + ", ".join(
-        f"{c} CPUs {math.ceil(50 / c) * per:.0f} s" for c in (2, 16, 64, 256)))
+    print(
+        "\nprojected wall time of a 50-run sweep on the Ray path: "
+        + ", ".join(f"{c} CPUs {math.ceil(50 / c) * per:.0f} s" for c in (2, 16, 64, 256))
+    )
     return rows
 
-def sweep_main(argv:list[str]|None=None) -> int:
+
+def sweep_main(argv: list[str] | None = None) -> int:
     "`python -m sao_repro.bench sweep`: exit 0 after printing the table."
     bench_sweep(argv)
     return 0
@@ -237,6 +324,7 @@ def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
     from sao_repro.mini.cluster import start_blobs
     from sao_repro.mini.rayconnect import ray_connect, ray_disconnect
     from sao_repro.mini.sweep import load_sweep
+
     sc = load_sweep(cfg)
     start_blobs([make_config(s, 0, sc.steps, overrides=sc.base) for s in sc.settings], log=None)  # built before timing
     local = _timed_sweep(cfg, td / "local", ["--jobs", str(cpus)])
@@ -248,6 +336,8 @@ def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
     finally:
         ray_disconnect()  # the private instance goes away whole
     per = lambda w: w * cpus / n
-    return [{"path": f"local pool (--jobs {cpus})", "wall_s": local, "cpu_s_per_run": per(local), "ratio": 1.0},
-            {"path": "Ray tasks (--ray)", "wall_s": on_ray, "cpu_s_per_run": per(on_ray), "ratio": on_ray / local},
-            {"path": "Ray start (once per cluster)", "wall_s": ray_start, "cpu_s_per_run": None, "ratio": None}]
+    return [
+        {"path": f"local pool (--jobs {cpus})", "wall_s": local, "cpu_s_per_run": per(local), "ratio": 1.0},
+        {"path": "Ray tasks (--ray)", "wall_s": on_ray, "cpu_s_per_run": per(on_ray), "ratio": on_ray / local},
+        {"path": "Ray start (once per cluster)", "wall_s": ray_start, "cpu_s_per_run": None, "ratio": None},
+    ]

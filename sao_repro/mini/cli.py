@@ -19,8 +19,17 @@ import numpy as np
 import tyro
 
 from ..settings import list_settings
-from .train import (BACKENDS, ConfigChangeError, MiniRunConfig, NonFiniteError, RunExistsError, DiskFullError,
-                                  check_fresh, read_metrics, train_run)
+from sao_repro.mini.train import (
+    BACKENDS,
+    ConfigChangeError,
+    MiniRunConfig,
+    NonFiniteError,
+    RunExistsError,
+    DiskFullError,
+    check_fresh,
+    read_metrics,
+    train_run,
+)
 from ..stopping import RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
@@ -30,9 +39,20 @@ from .rayconnect import RayUnavailable, ray_problem
 from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
 
 # the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
-STUDY_SOURCES = ["sao_repro/mini", "sao_repro/core.py", "sao_repro/dis.py", "sao_repro/gae.py", "sao_repro/advantages.py",
-                 "sao_repro/loss.py", "sao_repro/critic.py", "sao_repro/settings.py", "sao_repro/stats.py",
-                 "sao_repro/math_answer.py", "sao_repro/runconfig.py", "experiments/run_setting.ipynb"]
+STUDY_SOURCES = [
+    "sao_repro/mini",
+    "sao_repro/core.py",
+    "sao_repro/dis.py",
+    "sao_repro/gae.py",
+    "sao_repro/advantages.py",
+    "sao_repro/loss.py",
+    "sao_repro/critic.py",
+    "sao_repro/settings.py",
+    "sao_repro/stats.py",
+    "sao_repro/math_answer.py",
+    "sao_repro/runconfig.py",
+    "experiments/run_setting.ipynb",
+]
 
 # %% auto #0
 __all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_areal_overrides', 'run_setting', 'plot_run',
@@ -43,8 +63,16 @@ __all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_ar
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
 SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
 
-def make_config(setting: str, seed: int = 0, steps: int | None = None, backend: str = "mini",
-                out_dir: str = "runs", smoke: bool = False, overrides: dict | None = None) -> MiniRunConfig:
+
+def make_config(
+    setting: str,
+    seed: int = 0,
+    steps: int | None = None,
+    backend: str = "mini",
+    out_dir: str = "runs",
+    smoke: bool = False,
+    overrides: dict | None = None,
+) -> MiniRunConfig:
     "The resolved run config (overrides: any `MiniRunConfig` field)."
     d = {"setting": setting, "seed": seed, "backend": backend, "out": str(out_dir)}
     if steps is not None:
@@ -58,45 +86,59 @@ def make_config(setting: str, seed: int = 0, steps: int | None = None, backend: 
 # %% ../../nbs/32_mini.cli.ipynb #5fe8a99c
 AREAL_OVERRIDES = ("dry_run", "extra_overrides")
 
+
 def _areal_launcher():
     "The cluster launcher (sao_repro.areal.launch.launch_setting), or a clear error."
     try:
         from sao_repro.areal.launch import launch_setting
     except ImportError as e:
-        raise RuntimeError("backend='areal' runs through the cluster launcher sao_repro.areal.launch.launch_setting"
-                           f" (AReaL 1.0.4 on a GPU cluster), which is not available here ({e}). "
-                           "Use backend='mini' for the CPU testbed.") from None
+        raise RuntimeError(
+            "backend='areal' runs through the cluster launcher sao_repro.areal.launch.launch_setting"
+            f" (AReaL 1.0.4 on a GPU cluster), which is not available here ({e}). "
+            "Use backend='mini' for the CPU testbed."
+        ) from None
     return launch_setting
+
 
 def check_areal_overrides(overrides: dict):
     "Refuse run options the cluster backend does not take (it takes dry_run and extra_overrides)."
     bad = sorted(set(overrides) - set(AREAL_OVERRIDES))
     if bad:
-        raise ValueError(f"backend='areal' takes overrides {', '.join(AREAL_OVERRIDES)} (cluster options go in "
-                         f"extra_overrides as 'key=value'); got {bad}")
+        raise ValueError(
+            f"backend='areal' takes overrides {', '.join(AREAL_OVERRIDES)} (cluster options go in "
+            f"extra_overrides as 'key=value'); got {bad}"
+        )
+
 
 def _run_areal(setting: str, seed: int, steps: int | None, out_dir: str, overrides: dict) -> Path:
     "Launch one cluster run through sao_repro.areal.launch.launch_setting; overrides: dry_run, extra_overrides."
     check_areal_overrides(overrides)
-    rec = _areal_launcher()(setting, seed=seed, steps=steps, out_dir=out_dir,
-                            dry_run=bool(overrides.get("dry_run", False)),
-                            extra_overrides=list(overrides.get("extra_overrides", [])))
+    rec = _areal_launcher()(
+        setting,
+        seed=seed,
+        steps=steps,
+        out_dir=out_dir,
+        dry_run=bool(overrides.get("dry_run", False)),
+        extra_overrides=list(overrides.get("extra_overrides", [])),
+    )
     if rec.get("status") not in ("ok", "dry-run", "skipped"):
         raise RuntimeError(f"cluster run failed: {rec}")
     return Path(rec.get("run_dir") or Path(out_dir).resolve() / "areal" / setting / f"seed{seed}")
 
-def run_setting(setting: str, # setting name
-                seed: int = 0, # run seed
-                steps: int | None = None, # training steps (None: the backend's default)
-                backend: str = "mini", # 'mini' (CPU testbed) or 'areal' (cluster)
-                out_dir: str = "runs", # run folders go to <out_dir>/<backend>/<setting>/seed<seed>/
-                smoke: bool = False, # a seconds-long run with a tiny model (tests)
-                overrides: dict | None = None, # further run options (MiniRunConfig fields)
-                resume: bool = False, # continue from the last checkpoint
-                log=print,
-                overwrite: bool = False, # a fresh run may replace a run already in the folder
-                allow_config_change: bool = False, # a resume may change options that change results (recorded)
-               ) -> Path:
+
+def run_setting(
+    setting: str,  # setting name
+    seed: int = 0,  # run seed
+    steps: int | None = None,  # training steps (None: the backend's default)
+    backend: str = "mini",  # 'mini' (CPU testbed) or 'areal' (cluster)
+    out_dir: str = "runs",  # run folders go to <out_dir>/<backend>/<setting>/seed<seed>/
+    smoke: bool = False,  # a seconds-long run with a tiny model (tests)
+    overrides: dict | None = None,  # further run options (MiniRunConfig fields)
+    resume: bool = False,  # continue from the last checkpoint
+    log=print,
+    overwrite: bool = False,  # a fresh run may replace a run already in the folder
+    allow_config_change: bool = False,  # a resume may change options that change results (recorded)
+) -> Path:
     "Run one setting x seed; returns its run folder."
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
@@ -104,20 +146,31 @@ def run_setting(setting: str, # setting name
         raise ValueError(f"unknown setting {setting!r}; valid settings: {', '.join(list_settings())}")
     if backend == "areal":
         return _run_areal(setting, seed, steps, out_dir, overrides or {})
-    return train_run(make_config(setting, seed, steps, backend, out_dir, smoke, overrides), resume=resume, log=log,
-                     overwrite=overwrite, allow_config_change=allow_config_change)
+    return train_run(
+        make_config(setting, seed, steps, backend, out_dir, smoke, overrides),
+        resume=resume,
+        log=log,
+        overwrite=overwrite,
+        allow_config_change=allow_config_change,
+    )
 
 # %% ../../nbs/32_mini.cli.ipynb #545d2dde
 def plot_run(run_dir, smooth: int = 10):
     "Accuracy, held-out accuracy, DIS and critic curves of one run folder (matplotlib figure)."
     import matplotlib.pyplot as plt
+
     ms = read_metrics(run_dir)
     if not ms:
         print(f"no metrics yet in {run_dir}")
         return None
-    panels = [("acc", "online accuracy"), ("eval/acc", "held-out accuracy"), ("dis/kept_frac", "DIS kept fraction"),
-              ("dis/outside_band_frac", "tokens outside [0.3, 5]"), ("adv/std", "advantage std"),
-              ("critic/explained_var", "critic explained variance")]
+    panels = [
+        ("acc", "online accuracy"),
+        ("eval/acc", "held-out accuracy"),
+        ("dis/kept_frac", "DIS kept fraction"),
+        ("dis/outside_band_frac", "tokens outside [0.3, 5]"),
+        ("adv/std", "advantage std"),
+        ("critic/explained_var", "critic explained variance"),
+    ]
     panels = [p for p in panels if any(p[0] in m for m in ms)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
     for ax, (k, title) in zip(axes[0], panels):
@@ -125,7 +178,7 @@ def plot_run(run_dir, smooth: int = 10):
         ys = np.array([m[k] for m in ms if m.get(k) is not None], dtype=float)
         if k != "eval/acc" and len(ys) >= smooth:
             ys = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
-            xs = xs[smooth - 1:]
+            xs = xs[smooth - 1 :]
         ax.plot(xs, ys, marker="o" if k == "eval/acc" else None)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
@@ -137,54 +190,79 @@ def plot_run(run_dir, smooth: int = 10):
 def _switch(help_: str):
     return field(default=False, metadata={"help": help_})
 
+
 @dataclass(kw_only=True)
 class RunCommand:
     "`sao-repro run`'s own switches; its run options are the fields of `MiniRunConfig`."
+
     resume: bool = _switch("continue from the last checkpoint of the run folder")
     overwrite: bool = _switch("replace a run already in the run folder (deletes it)")
-    allow_config_change: bool = _switch("with --resume: allow options that differ from the checkpoint's (recorded as a change)")
-    smoke: bool = _switch("seconds-long run with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
+    allow_config_change: bool = _switch(
+        "with --resume: allow options that differ from the checkpoint's (recorded as a change)"
+    )
+    smoke: bool = _switch(
+        "seconds-long run with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)"
+    )
+
 
 def setting_choice():
     "The registered settings as a `Literal` type, read when a command line is parsed."
     return Literal[tuple(list_settings())]
 
-
 # %% ../../nbs/32_mini.cli.ipynb #3c5e9a11
-def command_options(command: type, # the command's own options (a kw-only dataclass)
-                    base: MiniRunConfig, # its values are the run options' defaults
-                    skip=(), # `MiniRunConfig` fields the command sets itself
-                    required=(), # run options without a default
-                    types: dict | None = None, # name -> type on the command line (e.g. the settings registry)
-                   ) -> type:
+def command_options(
+    command: type,  # the command's own options (a kw-only dataclass)
+    base: MiniRunConfig,  # its values are the run options' defaults
+    skip=(),  # `MiniRunConfig` fields the command sets itself
+    required=(),  # run options without a default
+    types: dict | None = None,  # name -> type on the command line (e.g. the settings registry)
+) -> type:
     "One dataclass per command line: the command's fields, then `MiniRunConfig`'s (same names, types, help)."
     hints = {**get_type_hints(command), **get_type_hints(MiniRunConfig), **(types or {})}
-    own = [(f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
-           for f in fields(command)]
-    run = [(f.name, hints[f.name], field(metadata=f.metadata) if f.name in required
-            else field(default=getattr(base, f.name), metadata=f.metadata))
-           for f in fields(MiniRunConfig) if f.name not in skip]
+    own = [
+        (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+        for f in fields(command)
+    ]
+    run = [
+        (
+            f.name,
+            hints[f.name],
+            field(metadata=f.metadata)
+            if f.name in required
+            else field(default=getattr(base, f.name), metadata=f.metadata),
+        )
+        for f in fields(MiniRunConfig)
+        if f.name not in skip
+    ]
     return make_dataclass(command.__name__, own + run, bases=(command,), kw_only=True)
+
 
 def parse_command(cls: type, argv: list[str], prog: str, description: str):
     "Parse ARGV into `cls` with tyro (exit 2 naming the option on a bad one); switches are plain `--flag`s."
     return tyro.cli(cls, args=argv, prog=prog, description=description, config=(tyro.conf.FlagCreatePairsOff,))
 
+
 def run_overrides(opts, base: MiniRunConfig, skip=()) -> dict:
     "The run options set on the command line: the `MiniRunConfig` fields of `opts` that differ from `base`."
-    return {f.name: getattr(opts, f.name) for f in fields(MiniRunConfig)
-            if f.name not in skip and hasattr(opts, f.name) and getattr(opts, f.name) != getattr(base, f.name)}
-
+    return {
+        f.name: getattr(opts, f.name)
+        for f in fields(MiniRunConfig)
+        if f.name not in skip and hasattr(opts, f.name) and getattr(opts, f.name) != getattr(base, f.name)
+    }
 
 # %% ../../nbs/32_mini.cli.ipynb #8a4f2b67
 def run_options(argv: list[str]) -> tuple:
     "`sao-repro run` ARGV -> (options, run overrides incl. `steps` when given); exit 2 on a bad flag or value."
     base = make_config("sao", smoke="--smoke" in argv)  # --smoke: the smoke preset's values are the defaults
     cls = command_options(RunCommand, base, required=("setting",), types={"setting": setting_choice()})
-    a = parse_command(cls, argv, "sao-repro run", "Run one setting x seed (CPU testbed by default); the run folder "
-                      "is <out>/<backend>/<setting>/seed<S>/. The options after --smoke are the run's (MiniRunConfig fields).")
+    a = parse_command(
+        cls,
+        argv,
+        "sao-repro run",
+        "Run one setting x seed (CPU testbed by default); the run folder "
+        "is <out>/<backend>/<setting>/seed<S>/. The options after --smoke are the run's (MiniRunConfig fields).",
+    )
     return a, run_overrides(a, base, skip=("setting", "seed", "backend", "out"))
-
 
 # %% ../../nbs/32_mini.cli.ipynb #7c9254a6
 def run_main(argv: list[str] | None = None) -> int:
@@ -200,23 +278,41 @@ def run_main(argv: list[str] | None = None) -> int:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     try:
-        d = run_setting(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov, args.resume,
-                        overwrite=args.overwrite, allow_config_change=args.allow_config_change)
+        d = run_setting(
+            args.setting,
+            args.seed,
+            steps,
+            args.backend,
+            args.out,
+            args.smoke,
+            ov,
+            args.resume,
+            overwrite=args.overwrite,
+            allow_config_change=args.allow_config_change,
+        )
     except (RunExistsError, ConfigChangeError, RunFolderBusy) as e:
         print(f"sao-repro run: error: {e}", file=sys.stderr)
         return 2
     except (RunInterrupted, KeyboardInterrupt) as e:
         again = [a for a in argv if a not in ("--overwrite", "--resume")]
-        print(f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
-              f"{shlex.join(again)} --resume", file=sys.stderr)
+        print(
+            f"sao-repro run: interrupted ({e or 'KeyboardInterrupt'}); continue with: sao-repro run "
+            f"{shlex.join(again)} --resume",
+            file=sys.stderr,
+        )
         return 130
     except DiskFullError as e:
         print(f"sao-repro run: stopped, disk full: {e.strerror}", file=sys.stderr)
         return 1
     except NonFiniteError as e:
-        kept = checkpoints(make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov).run_dir())
-        print(f"sao-repro run: stopped, non-finite loss or gradient: {e} ("
-              + (f"last good checkpoint kept: {kept[-1].name})" if kept else "no checkpoint was written before it)"), file=sys.stderr)
+        kept = checkpoints(
+            make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov).run_dir()
+        )
+        print(
+            f"sao-repro run: stopped, non-finite loss or gradient: {e} ("
+            + (f"last good checkpoint kept: {kept[-1].name})" if kept else "no checkpoint was written before it)"),
+            file=sys.stderr,
+        )
         return 3
     except Exception as e:  # noqa: BLE001 -- report any failure as exit 1 (the events.log has the details)
         print(f"sao-repro run: error: {type(e).__name__}: {e}", file=sys.stderr)
@@ -229,40 +325,77 @@ def run_main(argv: list[str] | None = None) -> int:
 def find_run_notebook() -> Path:
     "experiments/run_setting.ipynb of this checkout (or of the current directory)."
     import sao_repro
+
     for base in (Path(sao_repro.__file__).resolve().parent.parent, Path.cwd()):
         p = base / "experiments" / "run_setting.ipynb"
         if p.exists():
             return p
-    raise FileNotFoundError("experiments/run_setting.ipynb not found next to the package or in the current "
-                            "directory; run from the repository root or pass --notebook")
+    raise FileNotFoundError(
+        "experiments/run_setting.ipynb not found next to the package or in the current "
+        "directory; run from the repository root or pass --notebook"
+    )
+
 
 def check_parameters_cell(notebook: Path):
     "Papermill needs a cell tagged `parameters` (without it the defaults would override the injected values)."
     nb = json.loads(Path(notebook).read_text())
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]):
-        raise ValueError(f"{notebook} has no cell tagged 'parameters' (a notebook cleaner may have stripped "
-                         "cell tags); restore the tag before running compare")
+        raise ValueError(
+            f"{notebook} has no cell tagged 'parameters' (a notebook cleaner may have stripped "
+            "cell tags); restore the tag before running compare"
+        )
 
-def run_params(setting: str, seed: int, steps: int | None, backend: str, out: str, smoke: bool, overrides: dict,
-               resume: bool = False, overwrite: bool = False) -> dict:
+
+def run_params(
+    setting: str,
+    seed: int,
+    steps: int | None,
+    backend: str,
+    out: str,
+    smoke: bool,
+    overrides: dict,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict:
     "The run notebook's papermill parameters for one (setting, seed) (`out`: made absolute)."
-    params = {"setting": setting, "seed": seed, "steps": steps if steps is not None else MiniRunConfig.steps,
-              "backend": backend, "out_dir": str(Path(out).resolve()), "smoke": smoke, "overrides": overrides}
+    params = {
+        "setting": setting,
+        "seed": seed,
+        "steps": steps if steps is not None else MiniRunConfig.steps,
+        "backend": backend,
+        "out_dir": str(Path(out).resolve()),
+        "smoke": smoke,
+        "overrides": overrides,
+    }
     if resume:
         params["resume"] = True
     if overwrite:
         params["overwrite"] = True
     return params
 
-def execute_run(notebook: Path, setting: str, seed: int, steps: int | None, backend: str, out: str,
-                smoke: bool, overrides: dict, resume: bool = False, overwrite: bool = False) -> Path:
+
+def execute_run(
+    notebook: Path,
+    setting: str,
+    seed: int,
+    steps: int | None,
+    backend: str,
+    out: str,
+    smoke: bool,
+    overrides: dict,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> Path:
     "Execute the run notebook for one (setting, seed); the executed copy lands in the run folder (`resume`: continue it)."
     out = Path(out).resolve()  # absolute paths only: runs execute side by side in threads of one process
     run_dir = out / backend / setting / f"seed{seed}"
     if backend == "mini" and not resume:
         check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
     with lock_run_dir(run_dir, "notebook run"):  # the kernel's run holds it as its parent's
-        return _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite)
+        return _execute_locked(
+            notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite
+        )
+
 
 def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite) -> Path:
     if backend == "mini" and not resume:
@@ -275,18 +408,33 @@ def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke
 @dataclass(kw_only=True)
 class CompareCommand:
     "`sao-repro compare`'s own options; its run options are the fields of `MiniRunConfig` (but setting and seed)."
+
     settings: list[str] = field(default_factory=list_settings, metadata={"help": "settings to compare"})
     seeds: int = field(default=1, metadata={"help": "seeds 0..N-1 per setting"})
     jobs: int = field(default=2, metadata={"help": "runs executed side by side (one per core)"})
     window: int = field(default=50, metadata={"help": "start/end window in steps for the summary"})
     notebook: str | None = field(default=None, metadata={"help": "run notebook (None: experiments/run_setting.ipynb)"})
-    overwrite: bool = _switch("run every (setting, seed) again from scratch, replacing finished and partial runs "
-                              "(without it: finished runs are skipped, partial ones resumed)")
-    ray: str | None = field(default=None, metadata={"help": "run each (setting, seed) as a Ray task: 'auto' (the running "
-                            "cluster), an address, or 'local' (a Ray instance on this machine); --jobs is then unused"})
-    smoke: bool = _switch("seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)")
-    record: str | None = field(default=None, metadata={"help": "also save the final table as a results file (e.g. "
-                               "nbs/results/mini_study.json: the command, the commit and the code's fingerprint; sao_repro.results)"})
+    overwrite: bool = _switch(
+        "run every (setting, seed) again from scratch, replacing finished and partial runs "
+        "(without it: finished runs are skipped, partial ones resumed)"
+    )
+    ray: str | None = field(
+        default=None,
+        metadata={
+            "help": "run each (setting, seed) as a Ray task: 'auto' (the running "
+            "cluster), an address, or 'local' (a Ray instance on this machine); --jobs is then unused"
+        },
+    )
+    smoke: bool = _switch(
+        "seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)"
+    )
+    record: str | None = field(
+        default=None,
+        metadata={
+            "help": "also save the final table as a results file (e.g. "
+            "nbs/results/mini_study.json: the command, the commit and the code's fingerprint; sao_repro.results)"
+        },
+    )
 
     def __post_init__(self):
         "Counts that must be >= 1 (exit 2 before anything runs)."
@@ -295,13 +443,19 @@ class CompareCommand:
             if v is not None and v < 1:
                 raise ValueError(f"--{name} {v}: must be >= 1")
 
+
 def compare_options(argv: list[str]) -> tuple:
     "`sao-repro compare` ARGV -> (options, run overrides); exit 2 on a bad flag or value."
     base = make_config("sao", smoke="--smoke" in argv)
     cls = command_options(CompareCommand, base, skip=("setting", "seed"), types={"settings": list[setting_choice()]})
-    a = parse_command(cls, argv, "sao-repro compare", "Run every (setting, seed) through the papermill notebook "
-                      "experiments/run_setting.ipynb and print accuracy start -> end over seeds. "
-                      "The options after --smoke are the runs' (MiniRunConfig fields but setting and seed).")
+    a = parse_command(
+        cls,
+        argv,
+        "sao-repro compare",
+        "Run every (setting, seed) through the papermill notebook "
+        "experiments/run_setting.ipynb and print accuracy start -> end over seeds. "
+        "The options after --smoke are the runs' (MiniRunConfig fields but setting and seed).",
+    )
     return a, run_overrides(a, base, skip=("steps", "backend", "out"))
 
 # %% ../../nbs/32_mini.cli.ipynb #ed10bf22
@@ -311,8 +465,11 @@ def _compare_plan(a, ov: dict) -> tuple[dict, list[str]]:
         check_areal_overrides(ov)
         return {s: ov for s in a.settings}, []
     ovs, notes = fit_knobs(a.settings, resolve_inputs(ov))
-    check_inputs([make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]) for s in a.settings for k in range(a.seeds)])
+    check_inputs(
+        [make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]) for s in a.settings for k in range(a.seeds)]
+    )
     return ovs, notes
+
 
 def _compare_state(a, ovs: dict, setting: str, seed: int) -> str:
     "'done' (skip), 'partial' (resume) or 'new' for one compare run ('new' for all with --overwrite or the cluster)."
@@ -325,6 +482,7 @@ def _compare_state(a, ovs: dict, setting: str, seed: int) -> str:
 def prebuild_warm_start(a, ov):
     "Build the shared warm start once, before the parallel runs."
     from sao_repro.mini.model import warm_start
+
     for s in a.settings:
         try:
             cfg = make_config(s, 0, a.steps, a.backend, a.out, a.smoke, ov)
@@ -333,12 +491,17 @@ def prebuild_warm_start(a, ov):
         warm_start(cfg.task(), cfg.model(), cfg.pretrain())
         return
 
+
 def _compare_local(a, ovs, nb, todo, bar) -> list[tuple]:
     "The runs `todo` in a local thread pool of `a.jobs` (`ovs`: setting -> its run options); returns the failed (setting, seed, error)."
     failed = []
     with ThreadPoolExecutor(max(1, a.jobs)) as ex:
-        futs = {ex.submit(execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite): (s, k)
-                for s, k, st in todo}
+        futs = {
+            ex.submit(
+                execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite
+            ): (s, k)
+            for s, k, st in todo
+        }
         for f in as_completed(futs):
             s, k = futs[f]
             if f.exception() is not None:
@@ -347,20 +510,31 @@ def _compare_local(a, ovs, nb, todo, bar) -> list[tuple]:
             bar.update(1)
     return failed
 
+
 def _compare_on_ray(a, ovs, nb, todo, bar) -> list[tuple]:
     "The runs `todo` as Ray tasks (`sao_repro.mini.cluster`; `ovs`: setting -> its run options); returns the failed (setting, seed, error)."
     from sao_repro.mini.cluster import run_on_ray
+
     if a.backend != "mini":
         raise ValueError("--ray runs the CPU testbed (backend mini)")
-    jobs = [{"name": f"{s} seed{k}", "setting": s, "seed": k, "cfg": make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]),
-             "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
-             "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite)}
-            for s, k, st in todo]
+    jobs = [
+        {
+            "name": f"{s} seed{k}",
+            "setting": s,
+            "seed": k,
+            "cfg": make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]),
+            "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
+            "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite),
+        }
+        for s, k, st in todo
+    ]
     return [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
+
 
 def compare_main(argv: list[str] | None = None) -> int:
     "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad option (before any run), 130 when interrupted."
     from tqdm.auto import tqdm
+
     a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
@@ -382,8 +556,10 @@ def compare_main(argv: list[str] | None = None) -> int:
     jobs = [(s, k, _compare_state(a, ovs, s, k)) for s in a.settings for k in range(a.seeds)]
     done = [(s, k) for s, k, st in jobs if st == "done"]
     if done:
-        print(f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
-              + ", ".join(f"{s} seed{k}" for s, k in done))
+        print(
+            f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
+            + ", ".join(f"{s} seed{k}" for s, k in done)
+        )
     t0 = time.time()
     todo = [(s, k, st) for s, k, st in jobs if st != "done"]
     try:
@@ -398,8 +574,11 @@ def compare_main(argv: list[str] | None = None) -> int:
         print(f"\nsao-repro compare: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
-        print(f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
-              "resume: run the same command again", file=sys.stderr)
+        print(
+            f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
+            "resume: run the same command again",
+            file=sys.stderr,
+        )
         return 130
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
     summ = Path(a.out) / a.backend / "summary.md"
@@ -407,16 +586,23 @@ def compare_main(argv: list[str] | None = None) -> int:
     if a.backend == "mini":  # one table to act on; the effects, both verdicts and the rest go to summary.md
         pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
         table, rest = study_table(pt, a.window), study_tables({"window": a.window, "points": [{"label": None, **pt}]})
-    print(f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under "
-          f"{Path(a.out) / a.backend}; every table in {summ}\n")
+    print(
+        f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under "
+        f"{Path(a.out) / a.backend}; every table in {summ}\n"
+    )
     print(table)
     command = f"sao-repro compare {shlex.join(list(sys.argv[1:] if argv is None else argv))}"
-    summ.write_text(f"`{command}`\n\n" + "".join(f"{n}\n\n" for n in notes) + "\n\n".join(t for t in (table, rest) if t) + "\n")
+    summ.write_text(
+        f"`{command}`\n\n" + "".join(f"{n}\n\n" for n in notes) + "\n\n".join(t for t in (table, rest) if t) + "\n"
+    )
     (Path(a.out) / a.backend / "summary.json").write_text(json.dumps(rows, indent=1))
     for s, k, e in failed:
-        print(f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr)
+        print(
+            f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr
+        )
     if a.record and not failed:
         from sao_repro.results import record
+
         record(a.record, command, STUDY_SOURCES, table)
         print(f"recorded: {a.record}")
     elif a.record:

@@ -35,6 +35,7 @@ def pack_dir(d) -> bytes:
                 tf.add(p, arcname=str(p.relative_to(d)), recursive=False)
     return buf.getvalue()
 
+
 def unpack_into(blob: bytes, d):
     "Replace folder `d` by the packed folder `blob`: unpacked beside it with this process's modes (umask), then renamed into place."
     d = Path(d)
@@ -62,15 +63,17 @@ def start_blobs(cfgs, log=print) -> dict[str, bytes]:
     return out
 
 # %% ../../nbs/24_mini.cluster.ipynb #acc11f82
-def run_task(notebook: str, # the run notebook's text
-             params: dict, # its papermill parameters (`out_dir`: the user's, whose stand-in is the task's folder)
-             folder: bytes | None, # the packed partial run folder to resume, or None
-             start: tuple[str, bytes], # (warm-start key, packed warm start)
-             inputs: bytes | None = None, # the packed input files (`sao_repro.mini.inputs.pack_inputs`), or None
-            ) -> dict:
+def run_task(
+    notebook: str,  # the run notebook's text
+    params: dict,  # its papermill parameters (`out_dir`: the user's, whose stand-in is the task's folder)
+    folder: bytes | None,  # the packed partial run folder to resume, or None
+    start: tuple[str, bytes],  # (warm-start key, packed warm start)
+    inputs: bytes | None = None,  # the packed input files (`sao_repro.mini.inputs.pack_inputs`), or None
+) -> dict:
     "Execute one run in a private folder; returns {node, error, folder (packed), seconds}, also when the run failed."
     t0 = time.time()
     import ray
+
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None  # None: called outside Ray
     with tempfile.TemporaryDirectory(prefix="sao-ray-run-") as tmp:
         tmp = Path(tmp).resolve()
@@ -81,8 +84,11 @@ def run_task(notebook: str, # the run notebook's text
         nb = tmp / "run_setting.ipynb"
         nb.write_text(notebook)
         paths = {params["out_dir"]: str(tmp / "out"), **(unpack_inputs(inputs, tmp / "inputs") if inputs else {})}
-        env = {"SAO_REPRO_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1",  # the kernel inherits all three
-               TASK_PATHS_ENV: json.dumps(paths)}
+        env = {
+            "SAO_REPRO_CACHE": str(tmp / "cache"),
+            "OMP_NUM_THREADS": "1",  # the kernel inherits all three
+            TASK_PATHS_ENV: json.dumps(paths),
+        }
         saved, error = {k: os.environ.get(k) for k in env}, None
         os.environ.update(env)
         try:
@@ -98,30 +104,46 @@ def run_task(notebook: str, # the run notebook's text
 # %% ../../nbs/24_mini.cluster.ipynb #3f38c04b
 ATTEMPTS_FILE = "ray_attempts.jsonl"
 
+
 def _other_node(ray, node):
     "A scheduling strategy preferring an alive node other than `node` (soft: any node when there is none)."
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node and n["Resources"].get("CPU", 0) >= 1]
+
+    others = [
+        n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != node and n["Resources"].get("CPU", 0) >= 1
+    ]
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(others[0], soft=True)} if others else {}
 
 # %% ../../nbs/24_mini.cluster.ipynb #f5a66bd8
 def _record(run_dir: Path, r: dict, attempt: int):
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ATTEMPTS_FILE, "a") as f:
-        f.write(json.dumps({"attempt": attempt, "node": r["node"], "error": r["error"] and r["error"][-2000:],
-                            "seconds": r["seconds"], "time": time.time()}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "attempt": attempt,
+                    "node": r["node"],
+                    "error": r["error"] and r["error"][-2000:],
+                    "seconds": r["seconds"],
+                    "time": time.time(),
+                }
+            )
+            + "\n"
+        )
+
 
 def _last_line(err: str) -> str:
     return (err or "").strip().splitlines()[-1][:300] if (err or "").strip() else "failed"
 
 # %% ../../nbs/24_mini.cluster.ipynb #07bc0d42
-def run_on_ray(notebook, # the run notebook
-               jobs: list[dict], # each: params (papermill), run_dir (on this machine), cfg (its MiniRunConfig)
-               address: str = "auto", # `--ray`: auto, an address, or local
-               bar=None, # a tqdm bar, advanced once per run
-               retries: int = 1, # a failed run is resumed this many more times, on another node
-               log=print,
-              ) -> list[tuple[dict, str]]:
+def run_on_ray(
+    notebook,  # the run notebook
+    jobs: list[dict],  # each: params (papermill), run_dir (on this machine), cfg (its MiniRunConfig)
+    address: str = "auto",  # `--ray`: auto, an address, or local
+    bar=None,  # a tqdm bar, advanced once per run
+    retries: int = 1,  # a failed run is resumed this many more times, on another node
+    log=print,
+) -> list[tuple[dict, str]]:
     "Execute `jobs` as Ray tasks; the run folders come back here. Returns the failed (job, error)."
     mine = not ray_connected()  # connected here: disconnected here too (a private instance then goes away)
     ray = ray_connect(address)
@@ -133,6 +155,7 @@ def run_on_ray(notebook, # the run notebook
     finally:
         if mine:
             ray_disconnect()
+
 
 def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
     task = ray.remote(num_cpus=1, max_retries=3)(run_task)
@@ -148,13 +171,16 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
         key = start_key(j["cfg"].task(), j["cfg"].model(), j["cfg"].pretrain())
         resume = bool(j["params"].get("resume"))
         folder = pack_dir(j["run_dir"]) if resume and Path(j["run_dir"]).exists() else None
-        pending[task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))] = (j, attempt)
+        pending[
+            task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))
+        ] = (j, attempt)
 
     def fail(j, err):
         failed.append((j, err))
         if bar is not None:
             bar.write(f"FAILED {j.get('name', j['run_dir'])}: {_last_line(err)}")
             bar.update(1)
+
     for j in jobs:
         try:
             if not j["params"].get("resume"):
@@ -179,7 +205,14 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
             elif attempt <= retries:
                 steps = j["cfg"].steps
                 resume = run_state(j["run_dir"], steps) == "partial"
-                j = {**j, "params": {**j["params"], "resume": resume, "overwrite": not resume and bool(j["params"].get("overwrite"))}}
+                j = {
+                    **j,
+                    "params": {
+                        **j["params"],
+                        "resume": resume,
+                        "overwrite": not resume and bool(j["params"].get("overwrite")),
+                    },
+                }
                 submit(j, attempt + 1, _other_node(ray, r["node"]))
             else:
                 fail(j, r["error"])

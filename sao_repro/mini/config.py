@@ -28,9 +28,11 @@ __all__ = ['Backend', 'BACKENDS', 'NEEDS', 'KNOB_NEEDS', 'INPUT_PATHS', 'MiniRun
 Backend = Literal["mini", "areal"]
 BACKENDS = get_args(Backend)
 
+
 @dataclass
 class MiniRunConfig:
     "One testbed run (setting x seed)."
+
     setting: str = field(default="sao", metadata={"help": "setting name (see sao_repro.settings.list_settings())"})
     seed: int = field(default=0, metadata={"help": "run seed (rollouts, prompts, lags); the warm start is shared"})
     steps: int = field(default=400, metadata={"help": "training steps"})
@@ -41,33 +43,93 @@ class MiniRunConfig:
     critic_lr: float = field(default=5e-4, metadata={"help": "critic Adam learning rate (paper ratio 5x the policy's)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     lag: int = field(default=3, metadata={"help": "behaviour-policy lag in steps (max when lag_mode='random')"})
-    lag_mode: Literal["fixed", "random"] = field(default="fixed", metadata={"help": "'fixed' or 'random' (uniform 0..lag)"})
-    noise: float = field(default=1.0, metadata={"help": "behaviour logit-noise std (rollout engine vs trainer mismatch)"})
+    lag_mode: Literal["fixed", "random"] = field(
+        default="fixed", metadata={"help": "'fixed' or 'random' (uniform 0..lag)"}
+    )
+    noise: float = field(
+        default=1.0, metadata={"help": "behaviour logit-noise std (rollout engine vs trainer mismatch)"}
+    )
     difficulty: int = field(default=2, metadata={"help": "digits per operand of the arithmetic task"})
     ops: str = field(default="+", metadata={"help": "operators of the arithmetic task"})
     eval_every: int = field(default=25, metadata={"help": "held-out evaluation every N steps (and at the last step)"})
     eval_n: int = field(default=512, metadata={"help": "held-out problems per evaluation"})
     ckpt_every: int = field(default=50, metadata={"help": "checkpoint every N steps (and at the last step)"})
     keep_ckpts: int = field(default=2, metadata={"help": "checkpoints kept on disk"})
-    preset: Literal["default", "smoke"] = field(default="default", metadata={"help": "'default' (study model) or 'smoke' (tiny model, fast warm start)"})
+    preset: Literal["default", "smoke"] = field(
+        default="default", metadata={"help": "'default' (study model) or 'smoke' (tiny model, fast warm start)"}
+    )
     threads: int = field(default=1, metadata={"help": "torch threads (1 is fastest for this model size)"})
     debug_nan_step: int = field(default=-1, metadata={"help": "testing only: make the policy loss NaN at this step"})
-    minibatches: int = field(default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"})
+    minibatches: int = field(
+        default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"}
+    )
     critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
-    critic_k: int | None = field(default=None, metadata={"help": "critic update passes per step (None: the setting's K)"})
-    critic_freeze: Literal["none", "attention"] | None = field(default=None, metadata={"help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's; a setting without a critic refuses it)", "needs": "critic"})
-    critic_init: str | None = field(default=None, metadata={"help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt; a relative path is taken from the current folder (None: from the policy; a setting without a critic refuses it)", "needs": "critic", "input": True})
-    dis_band: str | None = field(default=None, metadata={"help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)", "needs": "dis"})
-    adv_whiten: bool | None = field(default=None, metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"})
-    critic_width: int | None = field(default=None, metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"})
-    policy_lambda: float | Literal["adaptive"] | None = field(default=None, metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"})
-    family: Literal["add", "chain"] = field(default="add", metadata={"help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain with a scratchpad)"})
+    critic_k: int | None = field(
+        default=None, metadata={"help": "critic update passes per step (None: the setting's K)"}
+    )
+    critic_freeze: Literal["none", "attention"] | None = field(
+        default=None,
+        metadata={
+            "help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's; a setting without a critic refuses it)",
+            "needs": "critic",
+        },
+    )
+    critic_init: str | None = field(
+        default=None,
+        metadata={
+            "help": "warm-start the critic from an earlier run: its run folder (last checkpoint), a checkpoint .pt, or a critic state_dict .pt; a relative path is taken from the current folder (None: from the policy; a setting without a critic refuses it)",
+            "needs": "critic",
+            "input": True,
+        },
+    )
+    dis_band: str | None = field(
+        default=None,
+        metadata={
+            "help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)",
+            "needs": "dis",
+        },
+    )
+    adv_whiten: bool | None = field(
+        default=None,
+        metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"},
+    )
+    critic_width: int | None = field(
+        default=None,
+        metadata={"help": "critic d_model (None: the policy's; another width starts the critic from scratch)"},
+    )
+    policy_lambda: float | Literal["adaptive"] | None = field(
+        default=None,
+        metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"},
+    )
+    family: Literal["add", "chain"] = field(
+        default="add",
+        metadata={
+            "help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain with a scratchpad)"
+        },
+    )
     min_terms: int = field(default=2, metadata={"help": "chain: fewest operands per problem"})
-    max_terms: int = field(default=4, metadata={"help": "chain: most operands per problem (mixed lengths = mixed difficulty)"})
-    direct_frac: float = field(default=0.0, metadata={"help": "chain: fraction of warm-start examples answered without the scratchpad"})
-    sft_noise: float | None = field(default=None, metadata={"help": "warm-start label noise (None: the preset's, 0.6 of answers for add, 0.3 per step for chain)"})
-    dis_form: Literal[POLICY_FORMS] = field(default="direct", metadata={"help": "DIS loss form: 'direct' (ratio to the behaviour policy, the paper's) or 'decoupled' (AReaL's: band on proximal/behaviour, PPO clip on policy/proximal; differs from direct when minibatches > 1)"})
-    behav_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)"})
+    max_terms: int = field(
+        default=4, metadata={"help": "chain: most operands per problem (mixed lengths = mixed difficulty)"}
+    )
+    direct_frac: float = field(
+        default=0.0, metadata={"help": "chain: fraction of warm-start examples answered without the scratchpad"}
+    )
+    sft_noise: float | None = field(
+        default=None,
+        metadata={
+            "help": "warm-start label noise (None: the preset's, 0.6 of answers for add, 0.3 per step for chain)"
+        },
+    )
+    dis_form: Literal[POLICY_FORMS] = field(
+        default="direct",
+        metadata={
+            "help": "DIS loss form: 'direct' (ratio to the behaviour policy, the paper's) or 'decoupled' (AReaL's: band on proximal/behaviour, PPO clip on policy/proximal; differs from direct when minibatches > 1)"
+        },
+    )
+    behav_dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)"},
+    )
 
     def __post_init__(self):
         self._check_numbers()
@@ -76,7 +138,9 @@ class MiniRunConfig:
         self._check_choices()
         g = get_setting(self.setting).group_size
         if self.traj_per_step % g:
-            raise ValueError(f"traj_per_step={self.traj_per_step} must be a multiple of {self.setting}'s group size {g}")
+            raise ValueError(
+                f"traj_per_step={self.traj_per_step} must be a multiple of {self.setting}'s group size {g}"
+            )
         if self.steps < 1 or self.eval_every < 1 or self.ckpt_every < 1:
             raise ValueError("steps, eval_every and ckpt_every must be >= 1")
         self.rollout()
@@ -89,8 +153,13 @@ class MiniRunConfig:
         "Checks of the optional knobs (minibatches, critic overrides, policy_lambda)."
         if not 1 <= self.minibatches <= self.traj_per_step:
             raise ValueError(f"minibatches={self.minibatches} must be between 1 and traj_per_step={self.traj_per_step}")
-        for name, knob in (("critic_warmup", "warmup_steps"), ("critic_k", "critic_k"), ("policy_lambda", "policy_lambda"),
-                           ("adv_whiten", "adv_whiten"), ("critic_freeze", "critic_freeze")):
+        for name, knob in (
+            ("critic_warmup", "warmup_steps"),
+            ("critic_k", "critic_k"),
+            ("policy_lambda", "policy_lambda"),
+            ("adv_whiten", "adv_whiten"),
+            ("critic_freeze", "critic_freeze"),
+        ):
             if getattr(self, name) is not None:  # None: the setting's value
                 setattr(self, name, check_knob(knob, getattr(self, name), name))
         if self.dis_band is not None:
@@ -107,8 +176,13 @@ class MiniRunConfig:
     def effective_setting(self) -> Setting:
         "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda, adv_whiten, critic_freeze, dis_band) applied."
         s = get_setting(self.setting)
-        ov = {"warmup_steps": self.critic_warmup, "critic_k": self.critic_k, "policy_lambda": self.policy_lambda,
-              "adv_whiten": self.adv_whiten, "critic_freeze": self.critic_freeze}
+        ov = {
+            "warmup_steps": self.critic_warmup,
+            "critic_k": self.critic_k,
+            "policy_lambda": self.policy_lambda,
+            "adv_whiten": self.adv_whiten,
+            "critic_freeze": self.critic_freeze,
+        }
         ov = {k: v for k, v in ov.items() if v is not None}
         if self.dis_band is not None:  # a preset: resolved by Setting, which records its name in dis_preset
             ov.update(dis_band=self.dis_band, dis_convention="absolute", dis_preset=None)
@@ -128,8 +202,15 @@ class MiniRunConfig:
         return task_path(Path(self.out)) / self.backend / self.setting / f"seed{self.seed}"
 
     def task(self) -> TaskConfig:
-        return TaskConfig(difficulty=self.difficulty, ops=self.ops, n_eval=self.eval_n, family=self.family,
-                          min_terms=self.min_terms, max_terms=self.max_terms, direct_frac=self.direct_frac)
+        return TaskConfig(
+            difficulty=self.difficulty,
+            ops=self.ops,
+            n_eval=self.eval_n,
+            family=self.family,
+            min_terms=self.min_terms,
+            max_terms=self.max_terms,
+            direct_frac=self.direct_frac,
+        )
 
     def rollout(self) -> RolloutConfig:
         return RolloutConfig(lag=self.lag, lag_mode=self.lag_mode, noise=self.noise, dtype=self.behav_dtype)
@@ -139,12 +220,22 @@ class MiniRunConfig:
         if self.family != "add":  # the add family keeps the original shape (and its cached warm starts)
             t = self.task()
             shape = {"vocab_size": task_tokenizer(t).vocab_size, "max_len": chain_prompt_len(t) + max_answer_len(t) + 1}
-        return ModelConfig(**shape) if self.preset == "default" else ModelConfig(d_model=32, n_layers=1, n_heads=2, **shape)
+        return (
+            ModelConfig(**shape)
+            if self.preset == "default"
+            else ModelConfig(d_model=32, n_layers=1, n_heads=2, **shape)
+        )
 
     def pretrain(self) -> PretrainConfig:
-        noise = {} if self.sft_noise is None and self.family == "add" else {"noise_frac": self.sft_noise if self.sft_noise is not None else 0.3}
+        noise = (
+            {}
+            if self.sft_noise is None and self.family == "add"
+            else {"noise_frac": self.sft_noise if self.sft_noise is not None else 0.3}
+        )
         if self.preset == "default":  # chain rows are ~4x longer: half the batch, two thirds of the steps
-            return PretrainConfig(**noise) if self.family == "add" else PretrainConfig(steps=2000, batch_size=64, **noise)
+            return (
+                PretrainConfig(**noise) if self.family == "add" else PretrainConfig(steps=2000, batch_size=64, **noise)
+            )
         return PretrainConfig(**{"steps": 300, "batch_size": 64, "warmup": 10, "lr": 1e-2, "noise_frac": 0.5, **noise})
 
 # %% ../../nbs/28_mini.config.ipynb #a9137a5c
@@ -152,9 +243,11 @@ NEEDS = {"critic": ("critic", lambda s: s.critic), "dis": ("DIS band to replace"
 KNOB_NEEDS = {f.name: f.metadata["needs"] for f in fields(MiniRunConfig) if "needs" in f.metadata}
 INPUT_PATHS = tuple(f.name for f in fields(MiniRunConfig) if f.metadata.get("input"))
 
-def knob_misfit(name: str, # a `MiniRunConfig` field
-                setting: str, # a registered setting
-               ) -> str | None:
+
+def knob_misfit(
+    name: str,  # a `MiniRunConfig` field
+    setting: str,  # a registered setting
+) -> str | None:
     "Why knob `name` cannot apply to `setting` (naming the settings it fits), or None when it can."
     if name not in KNOB_NEEDS:
         return None
@@ -165,8 +258,20 @@ def knob_misfit(name: str, # a `MiniRunConfig` field
     return f"setting {setting!r} has no {what}; pick a setting with one ({', '.join(fits)})"
 
 # %% ../../nbs/28_mini.config.ipynb #52e909b9
-_INT_MIN = {"seed": 0, "steps": 1, "traj_per_step": 1, "lag": 0, "difficulty": 1, "eval_every": 1, "eval_n": 1,
-            "ckpt_every": 1, "keep_ckpts": 1, "threads": 1, "minibatches": 1}
+_INT_MIN = {
+    "seed": 0,
+    "steps": 1,
+    "traj_per_step": 1,
+    "lag": 0,
+    "difficulty": 1,
+    "eval_every": 1,
+    "eval_n": 1,
+    "ckpt_every": 1,
+    "keep_ckpts": 1,
+    "threads": 1,
+    "minibatches": 1,
+}
+
 
 @patch
 def _check_numbers(self: MiniRunConfig):
@@ -191,7 +296,9 @@ def _literal_choices(tp) -> tuple | None:
         return get_args(args[0]) + ((None,) if type(None) in get_args(tp) else ())
     return None
 
+
 _CHOICES = {n: ch for n, tp in get_type_hints(MiniRunConfig).items() if (ch := _literal_choices(tp))}
+
 
 @patch
 def _check_choices(self: MiniRunConfig):

@@ -31,8 +31,9 @@ def critic_model(cfg: MiniRunConfig, policy: PolicyModel, init_value: float) -> 
     return critic
 
 # %% ../../nbs/23_mini.critic_init.ipynb #d44aa7cd
-def read_critic_init(path: str | Path, # a run folder, a checkpoint .pt, or a critic state_dict .pt
-                    ) -> tuple[dict, dict]: # (the critic's state_dict, the source record: path, step, sha256)
+def read_critic_init(
+    path: str | Path,  # a run folder, a checkpoint .pt, or a critic state_dict .pt
+) -> tuple[dict, dict]:  # (the critic's state_dict, the source record: path, step, sha256)
     "The critic weights `critic_init=path` points at, read without running code (in a Ray task: its shipped copy)."
     opt = f"critic_init={path}"
     p = task_path(path)
@@ -50,12 +51,16 @@ def read_critic_init(path: str | Path, # a run folder, a checkpoint .pt, or a cr
             raise ValueError(f"{opt}: that run ({(sd.get('config') or {}).get('setting')}) has no critic")
         sd = sd["critic"].get("model") if isinstance(sd["critic"], dict) else None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{opt}: {user_path(p)} holds no critic weights (want a run folder, one of its checkpoints, "
-                         "or a critic state_dict of tensors)")
+        raise ValueError(
+            f"{opt}: {user_path(p)} holds no critic weights (want a run folder, one of its checkpoints, "
+            "or a critic state_dict of tensors)"
+        )
     bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
-        raise ValueError(f"{opt}: {user_path(p)} holds non-finite critic weights ({', '.join(bad[:4])}); give a "
-                         "checkpoint from before the run diverged")
+        raise ValueError(
+            f"{opt}: {user_path(p)} holds non-finite critic weights ({', '.join(bad[:4])}); give a "
+            "checkpoint from before the run diverged"
+        )
     return sd, {"path": str(user_path(p.resolve())), "step": step, "sha256": file_sha256(p)}
 
 # %% ../../nbs/23_mini.critic_init.ipynb #74adb9c0
@@ -65,13 +70,16 @@ def check_critic_shapes(model: torch.nn.Module, sd: dict, path: str | Path):
     have = {k: tuple(v.shape) for k, v in sd.items()}
     bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
     if bad:
-        raise ValueError(f"critic_init={path}: shapes differ from this run's critic at "
-                         + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8]))
+        raise ValueError(
+            f"critic_init={path}: shapes differ from this run's critic at "
+            + ", ".join(f"{k} (here {want.get(k)}, there {have.get(k)})" for k in bad[:8])
+        )
 
 # %% ../../nbs/23_mini.critic_init.ipynb #ea0da719
-def load_critic_init(model: torch.nn.Module, # the new run's critic
-                     path: str | Path, # a run folder (its last checkpoint), a checkpoint .pt, or a critic state_dict .pt
-                    ) -> dict:
+def load_critic_init(
+    model: torch.nn.Module,  # the new run's critic
+    path: str | Path,  # a run folder (its last checkpoint), a checkpoint .pt, or a critic state_dict .pt
+) -> dict:
     "Load an earlier run's critic weights into `model` after checking every name and shape; returns the source record."
     sd, source = read_critic_init(path)
     check_critic_shapes(model, sd, path)

@@ -20,17 +20,21 @@ from .runfolder import checkpoints
 __all__ = ['resolve_inputs', 'check_inputs', 'fit_knobs', 'inputs_key', 'pack_inputs', 'unpack_inputs']
 
 # %% ../../nbs/22_mini.inputs.ipynb #0001f940
-def resolve_inputs(overrides: dict, # run options (`MiniRunConfig` fields)
-                   base: str | Path | None = None, # the folder a relative path is taken from (None: the current folder)
-                  ) -> dict:
+def resolve_inputs(
+    overrides: dict,  # run options (`MiniRunConfig` fields)
+    base: str | Path | None = None,  # the folder a relative path is taken from (None: the current folder)
+) -> dict:
     "`overrides` with every input path (`INPUT_PATHS`) absolute; the other options as they are."
     base = Path.cwd() if base is None else Path(base)
-    return {k: str((base / Path(v).expanduser()).resolve()) if k in INPUT_PATHS and isinstance(v, str) and v else v
-            for k, v in overrides.items()}
+    return {
+        k: str((base / Path(v).expanduser()).resolve()) if k in INPUT_PATHS and isinstance(v, str) and v else v
+        for k, v in overrides.items()
+    }
 
 # %% ../../nbs/22_mini.inputs.ipynb #b92616fa
-def check_inputs(cfgs, # the run configs about to run
-                ):
+def check_inputs(
+    cfgs,  # the run configs about to run
+):
     "Refuse an input file that a run of `cfgs` could not use (naming the option and the file); each distinct one read once."
     seen = set()
     for cfg in cfgs:
@@ -40,9 +44,10 @@ def check_inputs(cfgs, # the run configs about to run
             check_critic_init(cfg)
 
 # %% ../../nbs/22_mini.inputs.ipynb #cf19f15f
-def fit_knobs(settings: list[str], # the settings to run
-              overrides: dict, # run options given once for all of them
-             ) -> tuple[dict[str, dict], list[str]]: # (setting -> its run options, one note per knob left out somewhere)
+def fit_knobs(
+    settings: list[str],  # the settings to run
+    overrides: dict,  # run options given once for all of them
+) -> tuple[dict[str, dict], list[str]]:  # (setting -> its run options, one note per knob left out somewhere)
     "The run options of each setting: a knob of a part a setting lacks is left out for it (and noted); one that fits none is refused."
     per, notes = {s: dict(overrides) for s in settings}, []
     for name in [k for k, v in overrides.items() if k in KNOB_NEEDS and v is not None]:
@@ -50,19 +55,24 @@ def fit_knobs(settings: list[str], # the settings to run
         out = [s for s in settings if knob_misfit(name, s)]
         if len(out) == len(settings):
             fits = [s for s in list_settings() if not knob_misfit(name, s)]
-            raise ValueError(f"{flag}: {'setting ' + out[0] + ' has' if len(out) == 1 else 'settings ' + ', '.join(out) + ' have'} "
-                             f"no {what}; add a setting with one ({', '.join(fits)})")
+            raise ValueError(
+                f"{flag}: {'setting ' + out[0] + ' has' if len(out) == 1 else 'settings ' + ', '.join(out) + ' have'} "
+                f"no {what}; add a setting with one ({', '.join(fits)})"
+            )
         for s in out:
             del per[s][name]
         if out:
-            notes.append(f"{flag}: applied to {', '.join(s for s in settings if s not in out)}; skipped for "
-                         f"{', '.join(out)} (no {what})")
+            notes.append(
+                f"{flag}: applied to {', '.join(s for s in settings if s not in out)}; skipped for "
+                f"{', '.join(out)} (no {what})"
+            )
     return per, notes
 
 # %% ../../nbs/22_mini.inputs.ipynb #b2f06fd9
 def inputs_key(cfg: MiniRunConfig) -> tuple:
     "The input paths of run `cfg` (runs with the same key share one packed copy); all None: it reads none."
     return tuple(getattr(cfg, n) for n in INPUT_PATHS)
+
 
 def pack_inputs(cfg: MiniRunConfig) -> bytes | None:
     "The files run `cfg` reads through its input paths, gzipped tar bytes with a `paths.json` (user path -> its place); None: none."
@@ -80,9 +90,11 @@ def pack_inputs(cfg: MiniRunConfig) -> bytes | None:
         tf.addfile(info, io.BytesIO(data))
     return buf.getvalue() if paths else None
 
-def unpack_inputs(blob: bytes, # what `pack_inputs` made
-                  folder: str | Path, # a private folder of the task
-                 ) -> dict[str, str]:
+
+def unpack_inputs(
+    blob: bytes,  # what `pack_inputs` made
+    folder: str | Path,  # a private folder of the task
+) -> dict[str, str]:
     "Unpack shipped input files into `folder`; returns user path -> its stand-in there."
     folder = Path(folder).resolve()
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tf:

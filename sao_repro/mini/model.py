@@ -26,9 +26,22 @@ from tqdm import tqdm
 
 from ..safeload import load_state
 
-from .task import (
-    CharTokenizer, TaskConfig, _apply, _chain_expr, chain_prompt_len, chain_steps, draw_chains, draw_expressions,
-    encode_prompts, eval_problems, max_answer_len, response_reward, scratchpad, task_tokenizer)
+from sao_repro.mini.task import (
+    CharTokenizer,
+    TaskConfig,
+    _apply,
+    _chain_expr,
+    chain_prompt_len,
+    chain_steps,
+    draw_chains,
+    draw_expressions,
+    encode_prompts,
+    eval_problems,
+    max_answer_len,
+    response_reward,
+    scratchpad,
+    task_tokenizer,
+)
 
 # %% auto #0
 __all__ = ['LENGTH_BUCKETS', 'CACHE_VERSION', 'ModelConfig', 'Block', 'Trunk', 'PolicyModel', 'CriticModel', 'token_logp',
@@ -39,6 +52,7 @@ __all__ = ['LENGTH_BUCKETS', 'CACHE_VERSION', 'ModelConfig', 'Block', 'Trunk', '
 @dataclass
 class ModelConfig:
     "Shape of the tiny transformer."
+
     vocab_size: int = field(default=16, metadata={"help": "character vocabulary size"})
     d_model: int = field(default=64, metadata={"help": "hidden width"})
     n_layers: int = field(default=2, metadata={"help": "transformer blocks"})
@@ -50,20 +64,25 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"ModelConfig: d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
 
+
 def _attend_one(q, k, v):
     "One query per row over all cached keys (decoding): two small matmuls beat a fused kernel at this size."
     w = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, -1)
     return w @ v
 
+
 class Block(nn.Module):
     "One pre-LN causal transformer block."
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(c.d_model)
         self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
         self.proj = nn.Linear(c.d_model, c.d_model)
         self.ln2 = nn.LayerNorm(c.d_model)
-        self.mlp = nn.Sequential(nn.Linear(c.d_model, c.mlp_mult * c.d_model), nn.GELU(), nn.Linear(c.mlp_mult * c.d_model, c.d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(c.d_model, c.mlp_mult * c.d_model), nn.GELU(), nn.Linear(c.mlp_mult * c.d_model, c.d_model)
+        )
         self.n_heads, self.max_len = c.n_heads, c.max_len
 
     def forward(self, h, kv: dict | None = None, start: int = 0):
@@ -76,31 +95,38 @@ class Block(nn.Module):
                 kv["k"], kv["v"] = (k.new_zeros(B, self.n_heads, self.max_len, D // self.n_heads) for _ in "kv")
             elif T > 1:  # the causal mask below would be aligned to the wrong end of the keys
                 raise ValueError(f"a filled key/value cache takes one token at a time, got {T}")
-            kv["k"][:, :, start:start + T], kv["v"][:, :, start:start + T] = k, v
-            k, v = kv["k"][:, :, :start + T], kv["v"][:, :, :start + T]
+            kv["k"][:, :, start : start + T], kv["v"][:, :, start : start + T] = k, v
+            k, v = kv["k"][:, :, : start + T], kv["v"][:, :, : start + T]
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if T > 1 else _attend_one(q, k, v)
         h = h + self.proj(a.transpose(1, 2).reshape(B, T, D))
         return h + self.mlp(self.ln2(h))
 
 # %% ../../nbs/26_mini.model.ipynb #72ad4c21
-LENGTH_BUCKETS = 2  # row groups of a forward by length (64 chain rollouts: 1 to 8 groups time the same, all ~35% under uncut rows)
+LENGTH_BUCKETS = (
+    2  # row groups of a forward by length (64 chain rollouts: 1 to 8 groups time the same, all ~35% under uncut rows)
+)
 
-def _by_length(f, # rows [b, T'] -> outputs [b, T', ...]
-               tokens: torch.Tensor, # [B, T] right-padded rows
-               lengths: torch.Tensor, # [B] tokens that matter per row (positions >= length: padding)
-               n_buckets: int = LENGTH_BUCKETS):
+
+def _by_length(
+    f,  # rows [b, T'] -> outputs [b, T', ...]
+    tokens: torch.Tensor,  # [B, T] right-padded rows
+    lengths: torch.Tensor,  # [B] tokens that matter per row (positions >= length: padding)
+    n_buckets: int = LENGTH_BUCKETS,
+):
     "`f(tokens)` on rows grouped by length, each group cut after its longest row; zeros at positions >= length."
     B, T = tokens.shape
     order = torch.argsort(lengths, stable=True)
     outs = []
     for idx in torch.tensor_split(order, min(n_buckets, B)):
         if len(idx):
-            o = f(tokens[idx, :max(int(lengths[idx].max()), 1)])
+            o = f(tokens[idx, : max(int(lengths[idx].max()), 1)])
             outs.append(F.pad(o, (0, 0) * (o.dim() - 2) + (0, T - o.shape[1])))
     return torch.cat(outs).index_select(0, torch.argsort(order))
 
+
 class Trunk(nn.Module):
     "Embeddings + blocks + final LayerNorm: tokens [B, T] -> hidden [B, T, D]."
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.tok = nn.Embedding(c.vocab_size, c.d_model)
@@ -118,8 +144,10 @@ class Trunk(nn.Module):
             h = b(h, None if cache is None else cache[i], start)
         return self.ln_f(h)
 
+
 class PolicyModel(nn.Module):
     "Causal LM: tokens [B, T] -> logits [B, T, V]."
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
@@ -133,8 +161,10 @@ class PolicyModel(nn.Module):
         "An empty key/value cache for `forward(..., cache=, start=)`."
         return [{} for _ in self.trunk.blocks]
 
+
 class CriticModel(nn.Module):
     "Value network: tokens [B, T] -> values [B, T], V(x_<=t) at position t."
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
@@ -154,9 +184,10 @@ class CriticModel(nn.Module):
         return critic
 
 # %% ../../nbs/26_mini.model.ipynb #b8684004
-def token_logp(logits: torch.Tensor, # [B, T, V] logits for positions 0..T-1
-               tokens: torch.Tensor, # [B, T] token ids
-              ) -> torch.Tensor:
+def token_logp(
+    logits: torch.Tensor,  # [B, T, V] logits for positions 0..T-1
+    tokens: torch.Tensor,  # [B, T] token ids
+) -> torch.Tensor:
     "logp[:, t] = log softmax(logits[:, t])[tokens[:, t+1]]; last column 0. Returns [B, T] float32."
     B, T = tokens.shape
     assert logits.shape[:2] == (B, T), f"logits {tuple(logits.shape)} vs tokens {tuple(tokens.shape)}"
@@ -167,6 +198,7 @@ def token_logp(logits: torch.Tensor, # [B, T, V] logits for positions 0..T-1
 @dataclass
 class PretrainConfig:
     "Supervised warm start (AdamW, linear warmup then linear decay to 0)."
+
     steps: int = field(default=3000, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=128, metadata={"help": "problems per step"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
@@ -189,6 +221,7 @@ def noisy_answer(s: int, rng: np.random.Generator, noise_frac: float) -> int:
     deltas = [d for d in (-10, -1, 1, 10) if s < 0 or s + d >= 0]
     return s + deltas[int(rng.integers(0, len(deltas)))]
 
+
 def sft_batch(task: TaskConfig, tok: CharTokenizer, n: int, rng: np.random.Generator, noise_frac: float):
     "Training batch: tokens [n, L] (prompt, answer, <eos>, pad) and the mask of supervised next-token targets."
     if task.family == "chain":
@@ -202,8 +235,8 @@ def sft_batch(task: TaskConfig, tok: CharTokenizer, n: int, rng: np.random.Gener
         ans = str(noisy_answer(_apply(a, op, b), rng, noise_frac))
         rows.append(tok.encode(f"{a:0{d}d}{op}{b:0{d}d}={ans}") + [tok.eos_id])
     for i, r in enumerate(rows):
-        tokens[i, :len(r)] = torch.tensor(r)
-        mask[i, P - 1:len(r) - 1] = True
+        tokens[i, : len(r)] = torch.tensor(r)
+        mask[i, P - 1 : len(r) - 1] = True
     return tokens, mask
 
 # %% ../../nbs/26_mini.model.ipynb #eb51b3ee
@@ -214,6 +247,7 @@ def noisy_scratchpad(terms: list[int], ops: str, difficulty: int, rng: np.random
         r = noisy_answer(_apply(r, op, t), rng, noise_frac)
         rs.append(r)
     return scratchpad(terms, ops, difficulty, rs)
+
 
 def chain_sft_batch(task: TaskConfig, tok: CharTokenizer, n: int, rng: np.random.Generator, noise_frac: float):
     "Chain-family training batch: left-padded prompt, (noisy) scratchpad or direct answer, <eos>; mask on the response."
@@ -228,14 +262,21 @@ def chain_sft_batch(task: TaskConfig, tok: CharTokenizer, n: int, rng: np.random
             resp = noisy_scratchpad(terms, ops, task.difficulty, rng, noise_frac)
         prompt = tok.encode(_chain_expr(terms, ops, task.difficulty) + "=")
         row = [tok.pad_id] * (P - len(prompt)) + prompt + tok.encode(resp) + [tok.eos_id]
-        tokens[i, :len(row)] = torch.tensor(row)
-        mask[i, P - 1:len(row) - 1] = True
+        tokens[i, : len(row)] = torch.tensor(row)
+        mask[i, P - 1 : len(row) - 1] = True
     return tokens, mask
 
 # %% ../../nbs/26_mini.model.ipynb #b2c759f9
 @torch.no_grad()
-def generate(model: PolicyModel, prompts: torch.Tensor, max_new: int, gen: torch.Generator,
-             noise: float = 0.0, dtype: str = "float32", kv_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(
+    model: PolicyModel,
+    prompts: torch.Tensor,
+    max_new: int,
+    gen: torch.Generator,
+    noise: float = 0.0,
+    dtype: str = "float32",
+    kv_cache: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to `max_new` tokens after `prompts` [B, P] (stops after <eos>; then pads).
     With `noise` > 0 the logits get N(0, noise^2) added before sampling (a mismatched engine);
     with `dtype='bfloat16'` the forward pass runs under bfloat16 autocast (a lower-precision engine).
@@ -249,9 +290,11 @@ def generate(model: PolicyModel, prompts: torch.Tensor, max_new: int, gen: torch
     for i in range(max_new):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             if cache is None:
-                logits = model(tokens[:, :P + i])[:, -1].float()
+                logits = model(tokens[:, : P + i])[:, -1].float()
             else:
-                logits = model(tokens[:, :P] if i == 0 else tokens[:, P + i - 1:P + i], cache, 0 if i == 0 else P + i - 1)[:, -1].float()
+                logits = model(
+                    tokens[:, :P] if i == 0 else tokens[:, P + i - 1 : P + i], cache, 0 if i == 0 else P + i - 1
+                )[:, -1].float()
         if noise > 0:
             logits = logits + noise * torch.randn(logits.shape, generator=gen)
         logp_all = torch.log_softmax(logits, -1)
@@ -264,24 +307,40 @@ def generate(model: PolicyModel, prompts: torch.Tensor, max_new: int, gen: torch
             break
     return tokens, lps
 
+
 @torch.no_grad()
-def sample_scored(model: PolicyModel, problems: list[dict], task: TaskConfig, gen: torch.Generator,
-                  noise: float = 0.0, dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor, int, list[float]]:
+def sample_scored(
+    model: PolicyModel,
+    problems: list[dict],
+    task: TaskConfig,
+    gen: torch.Generator,
+    noise: float = 0.0,
+    dtype: str = "float32",
+) -> tuple[torch.Tensor, torch.Tensor, int, list[float]]:
     """One sampled response per problem, scored: tokens [B, P+n], sampling log-probs [B, n] (n <= the task's
     longest response + <eos>), the prompt length P and each response's reward."""
     tok = task_tokenizer(task)
     prompts = encode_prompts(problems, task, tok)
     P = prompts.shape[1]
     # long responses decode with the key/value cache; the add family keeps the prefix recompute of its published runs
-    out, lps = generate(model, prompts, max_answer_len(task) + 1, gen, noise=noise, dtype=dtype, kv_cache=task.family != "add")
+    out, lps = generate(
+        model, prompts, max_answer_len(task) + 1, gen, noise=noise, dtype=dtype, kv_cache=task.family != "add"
+    )
     return out, lps, P, [response_reward(tok.decode_response(o[P:].tolist()), p, task) for o, p in zip(out, problems)]
 
-def sampled_accuracy(model: PolicyModel, problems: list[dict], task: TaskConfig, gen: torch.Generator,
-                     batch_size: int = 512, per_problem: bool = False) -> float | list[float]:
+
+def sampled_accuracy(
+    model: PolicyModel,
+    problems: list[dict],
+    task: TaskConfig,
+    gen: torch.Generator,
+    batch_size: int = 512,
+    per_problem: bool = False,
+) -> float | list[float]:
     "Fraction of `problems` answered correctly by one temperature-1 sample each (or each problem's reward)."
     hits = []
     for i in range(0, len(problems), batch_size):
-        hits += sample_scored(model, problems[i:i + batch_size], task, gen)[3]
+        hits += sample_scored(model, problems[i : i + batch_size], task, gen)[3]
     return hits if per_problem else sum(hits) / max(len(problems), 1)
 
 # %% ../../nbs/26_mini.model.ipynb #dd4769f7
@@ -290,6 +349,7 @@ def _batches(task: TaskConfig, tok: CharTokenizer, cfg: PretrainConfig, rng: np.
     one (the batches are Python work that holds the interpreter; the model's kernels release it). Only the helper
     touches `rng`, in order, so the batches are the ones a plain loop would draw."""
     q, stop = queue.Queue(ahead), threading.Event()
+
     def fill():
         try:
             for _ in range(cfg.steps):
@@ -302,6 +362,7 @@ def _batches(task: TaskConfig, tok: CharTokenizer, cfg: PretrainConfig, rng: np.
                         pass
         except BaseException as e:  # handed to the consumer, raised there
             q.put(e)
+
     threading.Thread(target=fill, daemon=True, name="sft-batches").start()
     try:
         for _ in range(cfg.steps):
@@ -312,10 +373,14 @@ def _batches(task: TaskConfig, tok: CharTokenizer, cfg: PretrainConfig, rng: np.
     finally:
         stop.set()
 
-def pretrain(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig,
-             log=print, # progress: a bar on stderr with the loss and the time left (None: quiet)
-             threads: int = 1, # torch threads while training (restored after); runs use 1
-            ) -> PolicyModel:
+
+def pretrain(
+    task: TaskConfig,
+    model_cfg: ModelConfig,
+    cfg: PretrainConfig,
+    log=print,  # progress: a bar on stderr with the loss and the time left (None: quiet)
+    threads: int = 1,  # torch threads while training (restored after); runs use 1
+) -> PolicyModel:
     "Train a fresh policy on noisy labels (deterministic given `cfg.seed` and `threads`)."
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -325,7 +390,8 @@ def pretrain(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig,
         model = PolicyModel(model_cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min((s + 1) / cfg.warmup, max(0.0, (cfg.steps - s) / (cfg.steps - cfg.warmup))))
+            opt, lambda s: min((s + 1) / cfg.warmup, max(0.0, (cfg.steps - s) / (cfg.steps - cfg.warmup)))
+        )
         bar = tqdm(total=cfg.steps, desc="warm start", unit="step", disable=not log, mininterval=2, file=sys.stderr)
         for step, (tokens, mask) in enumerate(_batches(task, tok, cfg, rng)):
             logp = token_logp(model(tokens), tokens)
@@ -345,14 +411,18 @@ def pretrain(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig,
 # %% ../../nbs/26_mini.model.ipynb #61e2fbe1
 CACHE_VERSION = 2  # 2: built with one torch thread (1: torch's default thread count)
 
+
 def cache_root() -> Path:
     "Root of the testbed cache: $SAO_REPRO_CACHE or ~/.cache/sao_repro."
     return Path(os.environ.get("SAO_REPRO_CACHE", Path.home() / ".cache" / "sao_repro"))
 
+
 def start_key(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig) -> str:
     "Content hash of the warm-start recipe."
     t = task.key_fields()  # the eval set size does not change the weights
-    blob = json.dumps({"v": CACHE_VERSION, "task": t, "model": asdict(model_cfg), "pretrain": asdict(cfg)}, sort_keys=True)
+    blob = json.dumps(
+        {"v": CACHE_VERSION, "task": t, "model": asdict(model_cfg), "pretrain": asdict(cfg)}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 # %% ../../nbs/26_mini.model.ipynb #9817f069
@@ -367,7 +437,9 @@ def warm_start(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig, lo
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (d / "start.pt").exists():
             if log:
-                log(f"building warm start in {d} ({cfg.steps} steps, {threads} thread{'s' * (threads > 1)}; cached for later runs)")
+                log(
+                    f"building warm start in {d} ({cfg.steps} steps, {threads} thread{'s' * (threads > 1)}; cached for later runs)"
+                )
             t0 = time.time()
             model = pretrain(task, model_cfg, cfg, log=log, threads=threads)
             ev, prev = replace(task, n_eval=512), torch.get_num_threads()
@@ -376,8 +448,14 @@ def warm_start(task: TaskConfig, model_cfg: ModelConfig, cfg: PretrainConfig, lo
                 acc = sampled_accuracy(model, eval_problems(ev), task, torch.Generator().manual_seed(0))
             finally:
                 torch.set_num_threads(prev)
-            meta = {"key": d.name, "heldout_sampled_acc": acc, "build_s": round(time.time() - t0, 1),
-                    "task": asdict(ev), "model": asdict(model_cfg), "pretrain": asdict(cfg)}
+            meta = {
+                "key": d.name,
+                "heldout_sampled_acc": acc,
+                "build_s": round(time.time() - t0, 1),
+                "task": asdict(ev),
+                "model": asdict(model_cfg),
+                "pretrain": asdict(cfg),
+            }
             torch.save(model.state_dict(), d / "start.pt.tmp")
             (d / "meta.json").write_text(json.dumps(meta, indent=1))
             os.replace(d / "start.pt.tmp", d / "start.pt")

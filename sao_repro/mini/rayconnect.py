@@ -26,7 +26,11 @@ __all__ = ['MARK', 'LOOPBACK', 'RayUnavailable', 'ray_target', 'answers_as_ray',
 class RayUnavailable(RuntimeError):
     "`--ray ADDRESS` cannot be used; the message says why and what to do (the commands exit 2 on it)."
 
-_NO_RAY = "--ray needs Ray on this machine and on every node: pip install 'ray[default]' (or the package's cluster extra)"
+
+_NO_RAY = (
+    "--ray needs Ray on this machine and on every node: pip install 'ray[default]' (or the package's cluster extra)"
+)
+
 
 def _named(address: str) -> str | None:
     "The address `--ray address` names: `auto` resolved (RAY_ADDRESS, else the recorded cluster); None for `local` or nothing on record."
@@ -35,9 +39,11 @@ def _named(address: str) -> str | None:
         if env and env != "auto":
             return env
         from ray._common.utils import get_ray_address_file  # where `ray start` records this machine's cluster
+
         record = Path(get_ray_address_file(None))
         return (record.read_text().strip() or None) if record.is_file() else None
     return None if address == "local" else address
+
 
 def ray_target(address: str) -> str | None:
     "The address `--ray address` connects to, written as `ray.init` uses it; None for `local` or `auto` with nothing on record."
@@ -48,23 +54,30 @@ def ray_target(address: str) -> str | None:
     if not (host and sep and port.isdigit()):
         raise ValueError(f"{named!r} is not HOST:PORT")
     from ray._private.services import canonicalize_bootstrap_address
+
     return canonicalize_bootstrap_address(named)  # 127.0.0.1 / localhost -> this machine's address, as ray.init does
 
 # %% ../../nbs/22_mini.rayconnect.ipynb #cb9e1f70
-def answers_as_ray(target: str, # a GCS `host:port` or a client server `ray://host:port`
-                   timeout: float = 10.0, # seconds to wait for the reply
-                  ) -> str | None:
+def answers_as_ray(
+    target: str,  # a GCS `host:port` or a client server `ray://host:port`
+    timeout: float = 10.0,  # seconds to wait for the reply
+) -> str | None:
     "None when `target` answers as Ray within `timeout` seconds; otherwise what it did instead, in a few words."
     import grpc
     from ray._private.grpc_utils import init_grpc_channel
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc, ray_client_pb2, ray_client_pb2_grpc
+
     channel = init_grpc_channel(target.removeprefix("ray://"))
     try:
         if target.startswith("ray://"):
             ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(
-                ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING), timeout=timeout)
-        elif not gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout).cluster_id:
+                ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING), timeout=timeout
+            )
+        elif (
+            not gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            .GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
+            .cluster_id
+        ):
             return "it answers GetClusterId without a cluster id"
     except grpc.RpcError as e:
         if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # Ray with token authentication: ray.init brings the token
@@ -72,15 +85,20 @@ def answers_as_ray(target: str, # a GCS `host:port` or a client server `ray://ho
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return f"no answer within {timeout:g} s"
         details = e.details() or ""  # "failed to connect to all addresses; last error: <code>: <what happened>"
-        return details.rpartition("last error: ")[2][:200] if "last error: " in details else f"{e.code().name}: {details[:200]}"
+        return (
+            details.rpartition("last error: ")[2][:200]
+            if "last error: " in details
+            else f"{e.code().name}: {details[:200]}"
+        )
     finally:
         channel.close()
     return None
 
 # %% ../../nbs/22_mini.rayconnect.ipynb #3197a5e2
-def ray_check(address: str, # `--ray`: auto, an address, or local
-              timeout: float = 10.0, # seconds to wait for the cluster's answer
-             ) -> tuple[str | None, str | None]:
+def ray_check(
+    address: str,  # `--ray`: auto, an address, or local
+    timeout: float = 10.0,  # seconds to wait for the cluster's answer
+) -> tuple[str | None, str | None]:
     "(the address `ray.init` gets, why `--ray address` cannot be used in one sentence that says what to do, or None)."
     try:
         import ray  # noqa: F401
@@ -91,18 +109,25 @@ def ray_check(address: str, # `--ray`: auto, an address, or local
     try:
         target = ray_target(address)
     except ValueError as e:
-        return None, (f"--ray {address}: not a Ray address ({e}): give the head's GCS address HOST:PORT (what `ray start "
-                      "--head` printed, e.g. HEAD:6379), a client address ray://HOST:10001, auto or local")
+        return None, (
+            f"--ray {address}: not a Ray address ({e}): give the head's GCS address HOST:PORT (what `ray start "
+            "--head` printed, e.g. HEAD:6379), a client address ray://HOST:10001, auto or local"
+        )
     if target is None:
-        return None, ("--ray auto: no Ray cluster on record on this machine (none started with `ray start`, RAY_ADDRESS "
-                      "unset): start one with `ray start --head`, give its address (--ray HOST:6379), or use --ray local")
+        return None, (
+            "--ray auto: no Ray cluster on record on this machine (none started with `ray start`, RAY_ADDRESS "
+            "unset): start one with `ray start --head`, give its address (--ray HOST:6379), or use --ray local"
+        )
     why = answers_as_ray(target, timeout)
     if why is None:
         return target, None
     named = _named(address)
     via = "" if named == target else f" (as Ray reaches it: {target})"
-    return target, (f"--ray {address}: no Ray cluster answers at {named}{via}: {why}; start it (`ray start --head` on "
-                    "its head node) or give the address it printed (--ray HOST:6379, ray://HOST:10001, or RAY_ADDRESS)")
+    return target, (
+        f"--ray {address}: no Ray cluster answers at {named}{via}: {why}; start it (`ray start --head` on "
+        "its head node) or give the address it printed (--ray HOST:6379, ray://HOST:10001, or RAY_ADDRESS)"
+    )
+
 
 def ray_problem(address: str, timeout: float = 10.0) -> str | None:
     "Why `--ray address` cannot be used, in one sentence that says what to do; None when it can."
@@ -112,6 +137,7 @@ def ray_problem(address: str, timeout: float = 10.0) -> str | None:
 MARK = "SAO_RAY_INSTANCE"  # in the environment of every process of a private instance: the instance's folder
 LOOPBACK = "127.0.0.1"
 _LOCAL = []  # the private instance of `--ray local`, while it runs
+
 
 def instance_pids(folder: str) -> list[int]:
     "Live processes started with `MARK=folder` in their environment (this process excepted)."
@@ -124,11 +150,13 @@ def instance_pids(folder: str) -> list[int]:
             pass
     return out
 
+
 def _alive(pid: int) -> bool:
     try:  # a zombie has exited: only its parent's wait is missing
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
 
 def stop_instance(folder: str, grace: float = 3.0, spare: tuple = ()):
     "Stop every process of the instance in `folder` (SIGTERM, SIGKILL after `grace` s; pids in `spare` left), then remove the folder."
@@ -160,19 +188,27 @@ def _warden(folder: str, driver: int):
     finally:
         stop_instance(folder, spare=(driver,))
 
+
 def start_warden(folder: str) -> subprocess.Popen:
     "The warden of the instance in `folder`: in a session of its own, its stdin a pipe this process holds."
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k != MARK}
     env["PYTHONPATH"] = os.pathsep.join(p for p in [root, env.get("PYTHONPATH", "")] if p)
     code = "import sys; from sao_repro.mini.rayconnect import _warden; _warden(sys.argv[1], int(sys.argv[2]))"
-    return subprocess.Popen([sys.executable, "-c", code, folder, str(os.getpid())], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, folder, str(os.getpid())],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 # %% ../../nbs/22_mini.rayconnect.ipynb #af969f60
 def free_ports() -> dict:
     "Free ports for a node's agents (metrics, metrics export, dashboard agent, runtime env agent), chosen up front."
     import socket
+
     out = {}
     for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port"):
         with socket.socket() as s:
@@ -180,15 +216,18 @@ def free_ports() -> dict:
             out[name] = s.getsockname()[1]
     return out
 
+
 def _short_tmp() -> str:
     "A temp root short enough for the Unix socket paths Ray makes under it (at most 107 bytes)."
     tmp = tempfile.gettempdir()
     return tmp if len(tmp) <= 20 else "/tmp"
 
+
 def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
     "A private Ray head on this machine, on 127.0.0.1 only, in a new temp folder, watched by its warden: {node, warden, folder}."
     from ray._private.node import Node
     from ray._private.parameter import RayParams
+
     folder = tempfile.mkdtemp(prefix="sao-ray-", dir=_short_tmp())
     warden = start_warden(folder)
     os.mkdir(f"{folder}/tmp")
@@ -198,9 +237,17 @@ def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
     os.environ.update({MARK: folder, "TMPDIR": f"{folder}/tmp"})
     try:
         for attempt in range(tries):
-            params = RayParams(num_cpus=num_cpus, num_gpus=0, node_ip_address=LOOPBACK, temp_dir=folder,
-                               include_dashboard=False, object_store_memory=150 * 1024**2, min_worker_port=0,
-                               max_worker_port=0, **free_ports())
+            params = RayParams(
+                num_cpus=num_cpus,
+                num_gpus=0,
+                node_ip_address=LOOPBACK,
+                temp_dir=folder,
+                include_dashboard=False,
+                object_store_memory=150 * 1024**2,
+                min_worker_port=0,
+                max_worker_port=0,
+                **free_ports(),
+            )
             try:
                 node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
             except Exception:  # noqa: BLE001 -- "The current node timed out during startup": its processes go, then again
@@ -210,8 +257,10 @@ def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
                     raise
                 continue
             if warden.poll() is not None:  # nothing would stop the instance if this process were killed
-                raise RuntimeError(f"the warden of the private Ray instance exited ({warden.returncode}): run "
-                                   f"`{sys.executable} -c 'import sao_repro.mini.rayconnect'` to see why")
+                raise RuntimeError(
+                    f"the warden of the private Ray instance exited ({warden.returncode}): run "
+                    f"`{sys.executable} -c 'import sao_repro.mini.rayconnect'` to see why"
+                )
             return {"node": node, "warden": warden, "folder": folder}
     except BaseException:
         _stop_warden(warden, folder)
@@ -219,6 +268,7 @@ def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
 
 def _stop_warden(warden: subprocess.Popen, folder: str):
     "Tell the warden to finish (it stops what is left of the instance and removes its folder) and wait for it."
@@ -230,6 +280,7 @@ def _stop_warden(warden: subprocess.Popen, folder: str):
         done = False
     if not done:  # it was stuck, or gone before its time: its work is done here
         stop_instance(folder)
+
 
 def stop_local_ray(inst: dict):
     "Stop a private instance: Ray's processes gracefully, then the warden does the rest and removes the folder."
@@ -243,11 +294,13 @@ def stop_local_ray(inst: dict):
 def _single_machine():
     "Ray's single-machine mode while the driver connects: `ray.init` keeps 127.0.0.1 instead of rewriting it."
     from ray._private import ray_constants
+
     saved, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+
 
 def ray_connect(address: str = "auto", num_cpus: int | None = None):
     "Connect this process to Ray at the address `ray_check` checked (`local`: start a private instance); workers import the same sao_repro."
@@ -256,6 +309,7 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
         raise RayUnavailable(problem)
     import ray
     import sao_repro
+
     if ray.is_initialized():
         return ray
     root = str(Path(sao_repro.__file__).resolve().parent.parent)
@@ -265,8 +319,10 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
         try:
             ray.init(address=target, **kw)
         except Exception as e:  # noqa: BLE001 -- a version mismatch, a missing token, a cluster that went away
-            raise RayUnavailable(f"--ray {address}: Ray at {target} answered but the connection failed: "
-                                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from e
+            raise RayUnavailable(
+                f"--ray {address}: Ray at {target} answered but the connection failed: "
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            ) from e
         return ray
     _LOCAL.append(start_local_ray(num_cpus or os.cpu_count()))
     _register_exit_hook()
@@ -278,16 +334,20 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
         raise
     return ray
 
+
 def ray_connected() -> bool:
     "Whether this process is connected to Ray (without importing Ray)."
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
+
 def ray_disconnect():
     "Disconnect from Ray; the private instance of `--ray local`, if there is one, is stopped whole and its folder removed."
     import ray
+
     ray.shutdown()
     while _LOCAL:
         stop_local_ray(_LOCAL.pop())
+
 
 def _register_exit_hook(done=[]):  # noqa: B006 -- registered once per process
     if not done:

@@ -23,10 +23,28 @@ __all__ = ['RolloutConfig', 'pick_lag', 'PolicyHistory', 'Rollout', 'collect', '
 @dataclass
 class RolloutConfig:
     "The stale, noisy behaviour policy."
-    lag: int = field(default=3, metadata={"help": "policy lag in steps (the maximum when lag_mode='random'), like AReaL's max_head_offpolicyness"})
-    lag_mode: str = field(default="fixed", metadata={"help": "'fixed' (always `lag`) or 'random' (uniform in 0..lag)", "choices": ["fixed", "random"]})
-    noise: float = field(default=1.0, metadata={"help": "std of Gaussian noise on the behaviour logits (engine/trainer mismatch); 0 = none"})
-    dtype: str = field(default="float32", metadata={"help": "behaviour engine precision: 'float32' (the trainer's) or 'bfloat16' (autocast; a lower-precision engine)", "choices": ["float32", "bfloat16"]})
+
+    lag: int = field(
+        default=3,
+        metadata={
+            "help": "policy lag in steps (the maximum when lag_mode='random'), like AReaL's max_head_offpolicyness"
+        },
+    )
+    lag_mode: str = field(
+        default="fixed",
+        metadata={"help": "'fixed' (always `lag`) or 'random' (uniform in 0..lag)", "choices": ["fixed", "random"]},
+    )
+    noise: float = field(
+        default=1.0,
+        metadata={"help": "std of Gaussian noise on the behaviour logits (engine/trainer mismatch); 0 = none"},
+    )
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "behaviour engine precision: 'float32' (the trainer's) or 'bfloat16' (autocast; a lower-precision engine)",
+            "choices": ["float32", "bfloat16"],
+        },
+    )
 
     def __post_init__(self):
         if self.lag < 0:
@@ -38,6 +56,7 @@ class RolloutConfig:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"RolloutConfig.dtype={self.dtype!r}: use 'float32' or 'bfloat16'")
 
+
 def pick_lag(cfg: RolloutConfig, step: int, rng: np.random.Generator) -> int:
     "The lag of step `step` (never reaching before version 0)."
     lag = cfg.lag if cfg.lag_mode == "fixed" else int(rng.integers(0, cfg.lag + 1))
@@ -46,6 +65,7 @@ def pick_lag(cfg: RolloutConfig, step: int, rng: np.random.Generator) -> int:
 # %% ../../nbs/27_mini.rollout.ipynb #ff0b6e6b
 class PolicyHistory:
     "The last `keep` policy versions (weights copied), for stale rollouts; checkpointable."
+
     def __init__(self, keep: int):
         self.keep, self.versions = keep, OrderedDict()
 
@@ -70,20 +90,23 @@ class PolicyHistory:
 @dataclass
 class Rollout:
     "A batch of trajectories, right-padded."
-    tokens: torch.Tensor # [B, L] prompt + response ids
-    loss_mask: torch.Tensor # [B, L] bool, actions taken by the behaviour policy
-    behav_logp: torch.Tensor # [B, L] float32 log-probs reported by the behaviour policy
-    rewards: torch.Tensor # [B] float32, 1 if the final answer is right
-    resp_len: torch.Tensor # [B] response tokens including <eos>
-    lengths: torch.Tensor # [B] prompt + response tokens: positions after them are padding
 
-def collect(behav: PolicyModel, # the behaviour policy (stale weights)
-            problems: list[dict], # B MATH-schema problems
-            task: TaskConfig,
-            gen: torch.Generator, # sampling randomness
-            noise: float = 0.0, # logit-noise std of the behaviour engine
-            dtype: str = "float32", # behaviour engine precision ('float32' or 'bfloat16')
-           ) -> Rollout:
+    tokens: torch.Tensor  # [B, L] prompt + response ids
+    loss_mask: torch.Tensor  # [B, L] bool, actions taken by the behaviour policy
+    behav_logp: torch.Tensor  # [B, L] float32 log-probs reported by the behaviour policy
+    rewards: torch.Tensor  # [B] float32, 1 if the final answer is right
+    resp_len: torch.Tensor  # [B] response tokens including <eos>
+    lengths: torch.Tensor  # [B] prompt + response tokens: positions after them are padding
+
+
+def collect(
+    behav: PolicyModel,  # the behaviour policy (stale weights)
+    problems: list[dict],  # B MATH-schema problems
+    task: TaskConfig,
+    gen: torch.Generator,  # sampling randomness
+    noise: float = 0.0,  # logit-noise std of the behaviour engine
+    dtype: str = "float32",  # behaviour engine precision ('float32' or 'bfloat16')
+) -> Rollout:
     "Sample one response per problem from `behav` and score it."
     out, lps, P, rewards = sample_scored(behav, problems, task, gen, noise=noise, dtype=dtype)
     B, max_new = len(problems), max_answer_len(task) + 1
@@ -99,16 +122,17 @@ def collect(behav: PolicyModel, # the behaviour policy (stale weights)
         with torch.no_grad():
             behav_logp = token_logp(behav(tokens, lengths=None if task.family == "add" else P + resp_len), tokens)
     else:  # what the mismatched engine reported while it sampled
-        behav_logp[:, P - 1:P - 1 + max_new] = lps
+        behav_logp[:, P - 1 : P - 1 + max_new] = lps
     behav_logp = torch.where(loss_mask, behav_logp, torch.zeros_like(behav_logp))
     return Rollout(tokens, loss_mask, behav_logp, torch.tensor(rewards, dtype=torch.float32), resp_len, P + resp_len)
 
 # %% ../../nbs/27_mini.rollout.ipynb #c89295eb
-def rollout_mismatch(ro: Rollout, # the step's batch
-                     logp: torch.Tensor, # [B, L] the trainer's log-probs of `ro` before its update
-                     behav_version: int, # the weight version that generated the batch (step - lag)
-                     trainer_version: int, # the trainer's version (its step)
-                    ) -> dict:
+def rollout_mismatch(
+    ro: Rollout,  # the step's batch
+    logp: torch.Tensor,  # [B, L] the trainer's log-probs of `ro` before its update
+    behav_version: int,  # the weight version that generated the batch (step - lag)
+    trainer_version: int,  # the trainer's version (its step)
+) -> dict:
     "The step's `mismatch/` figures: every token of `ro` generated by `behav_version`."
     versions = torch.full(ro.tokens.shape, int(behav_version), dtype=torch.long)
     return mismatch_metrics(logp, ro.behav_logp, versions, ro.loss_mask, trainer_version)

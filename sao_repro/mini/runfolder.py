@@ -39,12 +39,14 @@ def read_metrics(run_dir, skipped: Counter | None = None) -> list[dict]:
             skipped["bad_line"] += 1
     return out
 
+
 def truncate_metrics(run_dir: Path, last_step: int, eval_due=None):
     "Keep only the records with step <= `last_step` (and `eval/*` only where `eval_due(step)`, if given)."
     keep = [m for m in read_metrics(run_dir) if m["step"] <= last_step]
     if eval_due is not None:
         keep = [m if eval_due(m["step"]) else {k: v for k, v in m.items() if not k.startswith("eval/")} for m in keep]
     write_atomic(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in keep).encode())
+
 
 def checkpoints(run_dir) -> list[Path]:
     "Checkpoint files, oldest first (a name that is not UTF-8 is not one: skipped with a warning)."
@@ -55,6 +57,7 @@ def eval_due(cfg: MiniRunConfig, step: int) -> bool:
     "Held-out evaluation after step 1, every `eval_every` steps and after the last step."
     return step == 1 or step % cfg.eval_every == 0 or step == cfg.steps
 
+
 def clear_run(run_dir: Path):
     "Delete a run's metrics, events, config and checkpoints (a fresh run with `overwrite`)."
     for name in ("metrics.jsonl", "events.log", "config.json"):
@@ -64,6 +67,7 @@ def clear_run(run_dir: Path):
         ck.unlink()
     shutil.rmtree(ck, ignore_errors=True)
 
+
 def run_state(run_dir, steps: int) -> str:
     "'done', 'partial' (resume it) or 'new'."
     p = Path(run_dir) / "events.log"
@@ -71,7 +75,11 @@ def run_state(run_dir, steps: int) -> str:
         return "new"
     for line in p.read_bytes().splitlines():
         parts = line.split(b"\t")
-        if event_line_ok(line) and parts[1] == b"finish" and (valid_step(json.loads(parts[2]).get("step")) or 0) >= steps:
+        if (
+            event_line_ok(line)
+            and parts[1] == b"finish"
+            and (valid_step(json.loads(parts[2]).get("step")) or 0) >= steps
+        ):
             return "done"
     return "partial"
 
@@ -79,11 +87,14 @@ def run_state(run_dir, steps: int) -> str:
 class RunExistsError(FileExistsError):
     "A fresh run was asked for in a folder that holds a run."
 
+
 class ConfigChangeError(ValueError):
     "A resume with options that differ from the checkpoint's."
 
+
 class NoCheckpointError(RunExistsError):
     "A resume of a run that has steps but no readable checkpoint to continue them from."
+
 
 def check_resumable(run_dir: Path, has_checkpoint: bool):
     "Refuse a resume that would lose steps: metrics recorded, no readable checkpoint (touches nothing)."
@@ -91,23 +102,35 @@ def check_resumable(run_dir: Path, has_checkpoint: bool):
     n = len(read_metrics(run_dir))
     if has_checkpoint or not n:
         return
-    why = ("checkpoints/ is missing" if not ck.exists() and not ck.is_symlink() else
-           "checkpoints is not a folder" if not ck.is_dir() else "checkpoints/ holds no readable checkpoint")
-    raise NoCheckpointError(f"--resume: {run_dir} has {n} recorded steps but {why}, so they cannot be continued; "
-                            "restore its checkpoints and resume again, or start over with --overwrite "
-                            "(overwrite=True: deletes its metrics, events and checkpoints)")
+    why = (
+        "checkpoints/ is missing"
+        if not ck.exists() and not ck.is_symlink()
+        else "checkpoints is not a folder"
+        if not ck.is_dir()
+        else "checkpoints/ holds no readable checkpoint"
+    )
+    raise NoCheckpointError(
+        f"--resume: {run_dir} has {n} recorded steps but {why}, so they cannot be continued; "
+        "restore its checkpoints and resume again, or start over with --overwrite "
+        "(overwrite=True: deletes its metrics, events and checkpoints)"
+    )
+
 
 RUN_FILES = ("metrics.jsonl", "events.log", "config.json", "checkpoints")
 # options that do not change what a step computes: a resume may change them freely
 RESUME_FREE = ("steps", "out", "threads", "keep_ckpts", "ckpt_every", "debug_nan_step")
 
+
 def check_fresh(run_dir: Path, overwrite: bool = False):
     "Refuse a fresh run into a folder that holds a run (unless `overwrite`); touches nothing."
     found = [n for n in RUN_FILES if (Path(run_dir) / n).exists()]
     if found and not overwrite:
-        raise RunExistsError(f"{run_dir} already holds a run ({', '.join(found)}); continue it with --resume "
-                             "(resume=True), or start over with --overwrite (overwrite=True: deletes its metrics, "
-                             "events and checkpoints)")
+        raise RunExistsError(
+            f"{run_dir} already holds a run ({', '.join(found)}); continue it with --resume "
+            "(resume=True), or start over with --overwrite (overwrite=True: deletes its metrics, "
+            "events and checkpoints)"
+        )
+
 
 def _same(key: str, old, new) -> bool:
     "Equal values; an input path also when both name the same file (written relative before, absolute now)."
@@ -115,10 +138,14 @@ def _same(key: str, old, new) -> bool:
         return Path(old).expanduser().resolve() == Path(new).expanduser().resolve()
     return old == new
 
+
 def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
     "Options of `cfg` that differ from the checkpoint's `saved` config and change results."
-    return [{"key": k, "old": saved[k], "new": v} for k, v in asdict(cfg).items()
-            if k not in RESUME_FREE and k in saved and not _same(k, saved[k], v)]
+    return [
+        {"key": k, "old": saved[k], "new": v}
+        for k, v in asdict(cfg).items()
+        if k not in RESUME_FREE and k in saved and not _same(k, saved[k], v)
+    ]
 
 # %% ../../nbs/29_mini.runfolder.ipynb #d8b8cc02
 def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | None, dict | None]:
@@ -134,13 +161,22 @@ def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | N
                 continue
             bad = p.with_name(p.name + ".unreadable")
             os.replace(p, bad)
-            log_event(run_dir, "checkpoint_unreadable", checkpoint=p.name, kept_as=bad.name, error=f"{type(e).__name__}: {e}"[:300])
+            log_event(
+                run_dir,
+                "checkpoint_unreadable",
+                checkpoint=p.name,
+                kept_as=bad.name,
+                error=f"{type(e).__name__}: {e}"[:300],
+            )
     return None, None
+
 
 def repair_logs(run_dir: Path) -> dict:
     "Cut torn or garbage lines out of metrics.jsonl and events.log; log what was dropped."
-    dropped = {"metrics.jsonl": repair_lines(run_dir / "metrics.jsonl", lambda l: parse_record(l) is not None),
-               "events.log": repair_lines(run_dir / "events.log", event_line_ok)}
+    dropped = {
+        "metrics.jsonl": repair_lines(run_dir / "metrics.jsonl", lambda l: parse_record(l) is not None),
+        "events.log": repair_lines(run_dir / "events.log", event_line_ok),
+    }
     dropped = {k: n for k, n in dropped.items() if n}
     if dropped:
         log_event(run_dir, "repair", dropped_lines=dropped)
@@ -149,8 +185,14 @@ def repair_logs(run_dir: Path) -> dict:
 # %% ../../nbs/29_mini.runfolder.ipynb #f2752211
 def config_record(cfg: MiniRunConfig, tr) -> dict:
     "What config.json records of run `cfg` and its trainer `tr` (a `MiniTrainer`)."
-    return {**asdict(cfg), "setting_spec": asdict(tr.setting), "warm_start": tr.start_meta,
-            "critic_source": getattr(tr, "critic_source", None), "torch": torch.__version__}
+    return {
+        **asdict(cfg),
+        "setting_spec": asdict(tr.setting),
+        "warm_start": tr.start_meta,
+        "critic_source": getattr(tr, "critic_source", None),
+        "torch": torch.__version__,
+    }
+
 
 def write_config(run_dir: Path, cfg: MiniRunConfig, tr, changes: list | None = None):
     "config.json of the run; `changes` made at a resume are added to the ones recorded before."
@@ -163,6 +205,7 @@ def write_config(run_dir: Path, cfg: MiniRunConfig, tr, changes: list | None = N
     if before or changes:
         rec["changes"] = before + [{"step": tr.step, **c} for c in changes or []]
     write_atomic(p, json.dumps(rec, indent=1).encode())
+
 
 def saved_config(run_dir: Path) -> dict:
     "The run folder's config.json ({} when missing or unreadable)."

@@ -29,16 +29,23 @@ def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
     2 x window), and the held-out accuracy at the first evaluation and averaged over the evaluations inside the
     end window."""
     all_ms = read_metrics(run_dir)
-    ms = [m for m in all_ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]  # NaN: e.g. degenerate returns
+    ms = [
+        m for m in all_ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])
+    ]  # NaN: e.g. degenerate returns
     if not ms:
         return {}
     w = max(1, window)
     ev = [(m["step"], m["eval/acc"]) for m in all_ms if m.get("eval/acc") is not None]
     last = ms[-1]["step"]
     ev_end = [a for s, a in ev if s > last - w] or [a for _, a in ev[-1:]]
-    return {"start": float(np.mean([m[key] for m in ms[:w]])), "end": float(np.mean([m[key] for m in ms[-w:]])),
-            "window": w, "steps": last, "eval_first": ev[0][1] if ev else None,
-            "eval_end": float(np.mean(ev_end)) if ev_end else None}
+    return {
+        "start": float(np.mean([m[key] for m in ms[:w]])),
+        "end": float(np.mean([m[key] for m in ms[-w:]])),
+        "window": w,
+        "steps": last,
+        "eval_first": ev[0][1] if ev else None,
+        "eval_end": float(np.mean(ev_end)) if ev_end else None,
+    }
 
 # %% ../../nbs/31_mini.summary.ipynb #d3019a8d
 def summarize(out: str, settings: list[str], seeds: list[int], backend: str = "mini", window: int = 50) -> list[dict]:
@@ -61,17 +68,25 @@ def summarize(out: str, settings: list[str], seeds: list[int], backend: str = "m
 def format_summary(rows: list[dict]) -> str:
     "Markdown table of `summarize` rows."
     w = rows[0]["window"] if rows else 50
-    out = [f"| setting | seeds | acc start (first {w}) | acc end (last {w}) | end - start | held-out step 1 -> end window |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        f"| setting | seeds | acc start (first {w}) | acc end (last {w}) | end - start | held-out step 1 -> end window |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['acc_start'], r['acc_start_ci'])} | "
-                   f"{fmt_ci(r['acc_end'], r['acc_end_ci'])} | {fmt_ci(r['delta'], r['delta_ci'])} | "
-                   f"{fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> {fmt_ci(r['eval_end'], r['eval_end_ci'])} |")
+        out.append(
+            f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['acc_start'], r['acc_start_ci'])} | "
+            f"{fmt_ci(r['acc_end'], r['acc_end_ci'])} | {fmt_ci(r['delta'], r['delta_ci'])} | "
+            f"{fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> {fmt_ci(r['eval_end'], r['eval_end_ci'])} |"
+        )
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #1ac8db4e
-EFFECT_PAIRS = (("DIS", "grpo_dis", "grpo"), ("DIS", "single_dis", "running_mean"), ("critic", "sao", "single_dis"),
-                ("method", "sao", "grpo"))
+EFFECT_PAIRS = (
+    ("DIS", "grpo_dis", "grpo"),
+    ("DIS", "single_dis", "running_mean"),
+    ("critic", "sao", "single_dis"),
+    ("method", "sao", "grpo"),
+)
 
 # %% ../../nbs/31_mini.summary.ipynb #c2f147c4
 def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
@@ -79,20 +94,28 @@ def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
     ws = {k: run_windows(root / "mini" / s / f"seed{k}", window) for k in seeds}
     return {k: w[part] for k, w in ws.items() if w and w.get(part) is not None}
 
+
 def _heldout_change(root: Path, s: str, seeds, window: int) -> tuple[float, float]:
     "Held-out accuracy, end window minus the first evaluation: mean and 95% CI over seeds."
     first, end = _ends(root, s, seeds, window, "eval_first"), _ends(root, s, seeds, window, "eval_end")
     return mean_ci([end[k] - first[k] for k in sorted(set(first) & set(end))])[:2]
 
-def point_summary(root: Path, # a runs folder: <root>/mini/<setting>/seed<k>/
-                  settings: list[str], seeds: list[int], window: int = 50) -> dict:
+
+def point_summary(
+    root: Path,  # a runs folder: <root>/mini/<setting>/seed<k>/
+    settings: list[str],
+    seeds: list[int],
+    window: int = 50,
+) -> dict:
     "Rows per setting (accuracy start -> end, held-out change) and the paired effects of one runs folder."
     root = Path(root)
     rows = summarize(str(root), settings, seeds, "mini", window)
     for r in rows:
         r["eval_delta"], r["eval_delta_ci"] = _heldout_change(root, r["setting"], seeds, window)
         for part, name in (("end", "iqm_end"), ("eval_end", "iqm_eval_end")):
-            r[name], r[f"{name}_lo"], r[f"{name}_hi"], _ = iqm_ci(_ends(root, r["setting"], seeds, window, part).values())
+            r[name], r[f"{name}_lo"], r[f"{name}_hi"], _ = iqm_ci(
+                _ends(root, r["setting"], seeds, window, part).values()
+            )
     effects = []
     for kind, a, b in EFFECT_PAIRS:
         if a in settings and b in settings:
@@ -104,6 +127,7 @@ def point_summary(root: Path, # a runs folder: <root>/mini/<setting>/seed<k>/
                 e[name], e[f"{name}_lo"], e[f"{name}_hi"], _ = prob_improvement(xa, xb)
             effects.append(e)
     return {"settings": rows, "effects": effects}
+
 
 def json_ready(x):
     "`x` with NaN and inf replaced by None, through dicts and lists (strict JSON)."
@@ -120,31 +144,63 @@ def _cols(res: dict) -> bool:
     "Tables get a `point` column unless their point has no label (one study, as `sao-repro compare` makes it: label None)."
     return any(p.get("label") is not None for p in res["points"])
 
+
 def _head(res: dict, cols: list[str]) -> list[str]:
     cols = (["point"] if _cols(res) else []) + cols
     return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
 
+
 def _row(res: dict, p: dict, cells: list) -> str:
     return "| " + " | ".join(([p["label"]] if _cols(res) else []) + [str(c) for c in cells]) + " |"
+
 
 def format_results(res: dict) -> str:
     "Markdown: end accuracy per point x setting, then the paired effects."
     w = res["window"]
-    out = [f"### End accuracy (last {w} steps), mean ± 95% CI over seeds", "",
-           *_head(res, ["setting", "seeds", "held-out step 1 -> end", "online acc end", "online end - start"])]
+    out = [
+        f"### End accuracy (last {w} steps), mean ± 95% CI over seeds",
+        "",
+        *_head(res, ["setting", "seeds", "held-out step 1 -> end", "online acc end", "online end - start"]),
+    ]
     for p in res["points"]:
         for r in p["settings"]:
-            out.append(_row(res, p, [r["setting"], r["n_seeds"], f"{fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
-                                     f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))}", fmt_ci(r["acc_end"], r["acc_end_ci"]),
-                                     fmt_ci(r["delta"], r["delta_ci"])]))
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [
+                        r["setting"],
+                        r["n_seeds"],
+                        f"{fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
+                        f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))}",
+                        fmt_ci(r["acc_end"], r["acc_end_ci"]),
+                        fmt_ci(r["delta"], r["delta_ci"]),
+                    ],
+                )
+            )
     if not any(p["effects"] for p in res["points"]):  # one setting: no pair to take
         return "\n".join(out)
-    out += ["", "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)", "",
-            *_head(res, ["effect", "pair", "pairs", "online", "held-out"])]
+    out += [
+        "",
+        "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)",
+        "",
+        *_head(res, ["effect", "pair", "pairs", "online", "held-out"]),
+    ]
     for p in res["points"]:
         for e in p["effects"]:
-            out.append(_row(res, p, [e["kind"], e["pair"], e["n"], fmt_ci(e["mean"], e["ci"]),
-                                     fmt_ci(e.get("heldout_mean"), e.get("heldout_ci"))]))
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [
+                        e["kind"],
+                        e["pair"],
+                        e["n"],
+                        fmt_ci(e["mean"], e["ci"]),
+                        fmt_ci(e.get("heldout_mean"), e.get("heldout_ci")),
+                    ],
+                )
+            )
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #3f30838d
@@ -155,6 +211,7 @@ def _verdict(x, h) -> str:
         return "one seed"
     return "reproduced" if x - h > 0 else "opposite" if x + h < 0 else "not resolved"
 
+
 def phenomena(point: dict) -> list[dict]:
     "The phenomenon rows of one `sweep_results` point (settings missing from the sweep are skipped)."
     rows = {r["setting"]: r for r in point["settings"]}
@@ -163,32 +220,67 @@ def phenomena(point: dict) -> list[dict]:
     for name, s in (("GRPO collapses", "grpo"), ("running-mean collapses", "running_mean")):
         if s in rows and rows[s]["n_seeds"]:
             d, e = rows[s]["delta"], rows[s].get("eval_delta")
-            out.append({"phenomenon": name, "quantity": f"{s}: start - end", "heldout": None if e is None else -e,
-                        "heldout_ci": rows[s].get("eval_delta_ci"), "online": None if d is None else -d, "online_ci": rows[s]["delta_ci"],
-                        "n": rows[s]["n_seeds"]})
-    for name, pair in (("DIS prevents GRPO collapse", "grpo_dis - grpo"),
-                       ("critic beats the batch baseline at G=1", "sao - single_dis"),
-                       ("single_dis above running_mean", "single_dis - running_mean"),
-                       ("SAO above GRPO", "sao - grpo")):
+            out.append(
+                {
+                    "phenomenon": name,
+                    "quantity": f"{s}: start - end",
+                    "heldout": None if e is None else -e,
+                    "heldout_ci": rows[s].get("eval_delta_ci"),
+                    "online": None if d is None else -d,
+                    "online_ci": rows[s]["delta_ci"],
+                    "n": rows[s]["n_seeds"],
+                }
+            )
+    for name, pair in (
+        ("DIS prevents GRPO collapse", "grpo_dis - grpo"),
+        ("critic beats the batch baseline at G=1", "sao - single_dis"),
+        ("single_dis above running_mean", "single_dis - running_mean"),
+        ("SAO above GRPO", "sao - grpo"),
+    ):
         if pair in eff:
             e = eff[pair]
-            out.append({"phenomenon": name, "quantity": f"{pair}, end", "heldout": e.get("heldout_mean"),
-                        "heldout_ci": e.get("heldout_ci"), "online": e["mean"], "online_ci": e["ci"], "n": e.get("n")})
+            out.append(
+                {
+                    "phenomenon": name,
+                    "quantity": f"{pair}, end",
+                    "heldout": e.get("heldout_mean"),
+                    "heldout_ci": e.get("heldout_ci"),
+                    "online": e["mean"],
+                    "online_ci": e["ci"],
+                    "n": e.get("n"),
+                }
+            )
     for r in out:
         r["heldout_verdict"] = "-" if r["heldout"] is None else _verdict(r["heldout"], r["heldout_ci"])
         r["online_verdict"] = _verdict(r["online"], r["online_ci"])
     return out
 
+
 def format_phenomena(res: dict) -> str:
     "Markdown: one row per point x phenomenon ('' when the settings give none)."
     if not any(phenomena(p) for p in res["points"]):
         return ""
-    out = ["### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)", "",
-           *_head(res, ["phenomenon", "quantity", "held-out", "verdict", "online", "verdict"])]
+    out = [
+        "### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)",
+        "",
+        *_head(res, ["phenomenon", "quantity", "held-out", "verdict", "online", "verdict"]),
+    ]
     for p in res["points"]:
         for r in phenomena(p):
-            out.append(_row(res, p, [r["phenomenon"], r["quantity"], fmt_ci(r["heldout"], r["heldout_ci"]), r["heldout_verdict"],
-                                     fmt_ci(r["online"], r["online_ci"]), r["online_verdict"]]))
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [
+                        r["phenomenon"],
+                        r["quantity"],
+                        fmt_ci(r["heldout"], r["heldout_ci"]),
+                        r["heldout_verdict"],
+                        fmt_ci(r["online"], r["online_ci"]),
+                        r["online_verdict"],
+                    ],
+                )
+            )
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #f7eb349d
@@ -201,34 +293,55 @@ def forms_side_by_side(res: dict) -> list[dict]:
             continue
         rest = ",".join(f"{k}={v}" for k, v in p["point"].items() if k != "dis_form") or "base"
         for r in phenomena(p):
-            row = rows.setdefault((rest, r["phenomenon"]), {"point": rest, "phenomenon": r["phenomenon"], "quantity": r["quantity"]})
-            row[form] = fmt_ci(r["heldout"], r["heldout_ci"]) if r["heldout"] is not None else fmt_ci(r["online"], r["online_ci"])
-            row[f"{form} verdict"] = r["heldout_verdict"] if r["heldout"] is not None else r["online_verdict"] + " (online)"
+            row = rows.setdefault(
+                (rest, r["phenomenon"]), {"point": rest, "phenomenon": r["phenomenon"], "quantity": r["quantity"]}
+            )
+            row[form] = (
+                fmt_ci(r["heldout"], r["heldout_ci"])
+                if r["heldout"] is not None
+                else fmt_ci(r["online"], r["online_ci"])
+            )
+            row[f"{form} verdict"] = (
+                r["heldout_verdict"] if r["heldout"] is not None else r["online_verdict"] + " (online)"
+            )
     return list(rows.values())
+
 
 def format_forms(res: dict) -> str:
     "Markdown of `forms_side_by_side` (empty when the sweep does not vary `dis_form`)."
     rows = forms_side_by_side(res)
     if not rows:
         return ""
-    out = ["### The DIS loss forms side by side (held-out; verdict: 95% CI above 0 = reproduced)", "",
-           "| point | phenomenon | direct | verdict | decoupled | verdict |", "|---|---|---|---|---|---|"]
+    out = [
+        "### The DIS loss forms side by side (held-out; verdict: 95% CI above 0 = reproduced)",
+        "",
+        "| point | phenomenon | direct | verdict | decoupled | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['point']} | {r['phenomenon']} | {r.get('direct', '-')} | {r.get('direct verdict', '-')} | "
-                   f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |")
+        out.append(
+            f"| {r['point']} | {r['phenomenon']} | {r.get('direct', '-')} | {r.get('direct verdict', '-')} | "
+            f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |"
+        )
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #e89718e9
 KNOB_DIAGNOSTICS = ("critic/explained_var",)  # end-window means shown beside each knob effect
+
 
 def _diagnostic(root: Path, s: str, seeds, key: str, window: int) -> dict:
     "'start' / 'end' window means of `key` (`run_windows`), averaged over the seeds that logged it (None: none did)."
     ws = [w for w in (run_windows(root / "mini" / s / f"seed{k}", window, key) for k in seeds) if w]
     return {part: float(np.mean([w[part] for w in ws])) if ws else None for part in ("start", "end")}
 
-def knob_effects(root: Path, # a sweep folder: <root>/<point label>/mini/<setting>/seed<k>/
-                 points: list[tuple[str, dict]], # (label, grid values) of every point, in the grid's order
-                 settings: list[str], seeds: list[int], window: int = 50) -> list[dict]:
+
+def knob_effects(
+    root: Path,  # a sweep folder: <root>/<point label>/mini/<setting>/seed<k>/
+    points: list[tuple[str, dict]],  # (label, grid values) of every point, in the grid's order
+    settings: list[str],
+    seeds: list[int],
+    window: int = 50,
+) -> list[dict]:
     "Per knob value after the knob's first, per setting: end accuracy there minus at the first value, paired by seed, the other knobs equal."
     root, key = Path(root), lambda p: json.dumps(p, sort_keys=True, default=str)
     if not points:
@@ -244,14 +357,25 @@ def knob_effects(root: Path, # a sweep folder: <root>/<point label>/mini/<settin
             for s in settings:
                 row = {"knob": k, "change": f"{first[k]} -> {v}", "at": at, "setting": s, "from": ref, "to": label}
                 for part, name in (("end", "online"), ("eval_end", "heldout")):
-                    m, h, n = paired_effect(_ends(root / label, s, seeds, window, part), _ends(root / ref, s, seeds, window, part))
+                    m, h, n = paired_effect(
+                        _ends(root / label, s, seeds, window, part), _ends(root / ref, s, seeds, window, part)
+                    )
                     verdict = _verdict(m, h)
-                    row.update({name: m, f"{name}_ci": h, f"{name}_n": n,
-                                f"{name}_verdict": {"reproduced": "higher", "opposite": "lower"}.get(verdict, verdict)})
+                    row.update(
+                        {
+                            name: m,
+                            f"{name}_ci": h,
+                            f"{name}_n": n,
+                            f"{name}_verdict": {"reproduced": "higher", "opposite": "lower"}.get(verdict, verdict),
+                        }
+                    )
                 diag = {d: [_diagnostic(root / x, s, seeds, d, window) for x in (ref, label)] for d in KNOB_DIAGNOSTICS}
-                row["diagnostics"] = {f"{d} {part}": [w[part] for w in diag[d]] for d in KNOB_DIAGNOSTICS for part in ("start", "end")}
+                row["diagnostics"] = {
+                    f"{d} {part}": [w[part] for w in diag[d]] for d in KNOB_DIAGNOSTICS for part in ("start", "end")
+                }
                 rows.append(row)
     return rows
+
 
 def format_knob_effects(res: dict) -> str:
     "Markdown of a sweep's `knob_effects` ('' when its grid changes no knob)."
@@ -260,17 +384,23 @@ def format_knob_effects(res: dict) -> str:
         return ""
     f2 = lambda x: "-" if x is None else f"{x:.2f}"
     diags = [f"{d} {part}" for d in KNOB_DIAGNOSTICS for part in ("start", "end")]
-    out = ["### Knob effects (end accuracy at the new value minus at the first, other options equal, paired by seed; "
-           "verdict: 95% CI above 0 = higher)", "",
-           "| knob | change | at | setting | pairs | held-out | verdict | online | verdict | " +
-           " | ".join(f"{d} (from -> to)" for d in diags) + " |", "|---" * (9 + len(diags)) + "|"]
+    out = [
+        "### Knob effects (end accuracy at the new value minus at the first, other options equal, paired by seed; "
+        "verdict: 95% CI above 0 = higher)",
+        "",
+        "| knob | change | at | setting | pairs | held-out | verdict | online | verdict | "
+        + " | ".join(f"{d} (from -> to)" for d in diags)
+        + " |",
+        "|---" * (9 + len(diags)) + "|",
+    ]
     for r in rows:
         diag = " | ".join(f"{f2(a)} -> {f2(b)}" for a, b in (r["diagnostics"].get(d, [None, None]) for d in diags))
-        out.append(f"| {r['knob']} | {r['change']} | {r['at']} | {r['setting']} | {r['online_n']} | "
-                   f"{fmt_ci(r['heldout'], r['heldout_ci'])} | {r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | "
-                   f"{r['online_verdict']} | {diag} |")
+        out.append(
+            f"| {r['knob']} | {r['change']} | {r['at']} | {r['setting']} | {r['online_n']} | "
+            f"{fmt_ci(r['heldout'], r['heldout_ci'])} | {r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | "
+            f"{r['online_verdict']} | {diag} |"
+        )
     return "\n".join(out)
-
 
 # %% ../../nbs/31_mini.summary.ipynb #4874cf10
 def _poi_verdict(lo, hi) -> str:
@@ -278,45 +408,82 @@ def _poi_verdict(lo, hi) -> str:
         return "-"
     return "A better" if lo > 0.5 else "B better" if hi < 0.5 else "not resolved"
 
+
 def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
     "Markdown: IQM per point x setting and P(A > B) per effect, with bootstrap intervals ('' under `min_seeds` seeds)."
     if max((r["n_seeds"] for p in res["points"] for r in p["settings"]), default=0) < min_seeds:
         return ""
     g = lambda d, k: (d.get(k), d.get(f"{k}_lo"), d.get(f"{k}_hi"))
-    out = ["### Many seeds: interquartile mean of end accuracy [95% stratified-bootstrap interval]", "",
-           *_head(res, ["setting", "seeds", "held-out IQM", "online IQM"])]
+    out = [
+        "### Many seeds: interquartile mean of end accuracy [95% stratified-bootstrap interval]",
+        "",
+        *_head(res, ["setting", "seeds", "held-out IQM", "online IQM"]),
+    ]
     for p in res["points"]:
         for r in p["settings"]:
-            out.append(_row(res, p, [r["setting"], r["n_seeds"], fmt_interval(*g(r, "iqm_eval_end")), fmt_interval(*g(r, "iqm_end"))]))
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [r["setting"], r["n_seeds"], fmt_interval(*g(r, "iqm_eval_end")), fmt_interval(*g(r, "iqm_end"))],
+                )
+            )
     if not any(p["effects"] for p in res["points"]):
         return "\n".join(out)
-    out += ["", "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]", "",
-            *_head(res, ["pair A - B", "held-out", "verdict", "online", "verdict"])]
+    out += [
+        "",
+        "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]",
+        "",
+        *_head(res, ["pair A - B", "held-out", "verdict", "online", "verdict"]),
+    ]
     for p in res["points"]:
         for e in p["effects"]:
-            out.append(_row(res, p, [e["pair"], fmt_interval(*g(e, "heldout_poi")), _poi_verdict(*g(e, "heldout_poi")[1:]),
-                                     fmt_interval(*g(e, "poi")), _poi_verdict(*g(e, "poi")[1:])]))
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [
+                        e["pair"],
+                        fmt_interval(*g(e, "heldout_poi")),
+                        _poi_verdict(*g(e, "heldout_poi")[1:]),
+                        fmt_interval(*g(e, "poi")),
+                        _poi_verdict(*g(e, "poi")[1:]),
+                    ],
+                )
+            )
     return "\n".join(out)
 
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
     "The end-accuracy, paired-effect, phenomena and knob-effect tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
-    return "\n\n".join(t for t in (format_results(res), format_phenomena(res), format_forms(res), format_knob_effects(res),
-                                   format_scaled(res)) if t)
-
+    return "\n\n".join(
+        t
+        for t in (
+            format_results(res),
+            format_phenomena(res),
+            format_forms(res),
+            format_knob_effects(res),
+            format_scaled(res),
+        )
+        if t
+    )
 
 # %% ../../nbs/31_mini.summary.ipynb #5d1a0e02
 RESOLVE_MAX_SEEDS = 30  # an unresolved quantity that needs more seeds than this is called near 0
 
-def seeds_to_resolve(x, # the quantity's mean over `n` seeds
-                     h, # its 95% CI half-width
-                     n: int, # the seeds (or pairs) behind it
-                     max_seeds: int = RESOLVE_MAX_SEEDS) -> int | None:
+
+def seeds_to_resolve(
+    x,  # the quantity's mean over `n` seeds
+    h,  # its 95% CI half-width
+    n: int,  # the seeds (or pairs) behind it
+    max_seeds: int = RESOLVE_MAX_SEEDS,
+) -> int | None:
     "The fewest seeds whose 95% CI half-width, at the spread seen over `n`, lies below |x| (None: over `max_seeds`, or no spread)."
     if x is None or h is None or not n or n < 2 or not (math.isfinite(x) and math.isfinite(h)):
         return None
     sd = h * math.sqrt(n) / student_t.ppf(0.975, n - 1)
     return next((m for m in range(n, max_seeds + 1) if student_t.ppf(0.975, m - 1) * sd / math.sqrt(m) < abs(x)), None)
+
 
 def what_resolves(verdict: str, x, h, n) -> str:
     "What would settle a verdict that is not 'reproduced' or 'opposite'."
@@ -333,23 +500,34 @@ def what_resolves(verdict: str, x, h, n) -> str:
         return "`make study SEEDS=5`"
     return f"~{m} seeds at this spread: `make study SEEDS={m}`, or on a Ray cluster `sao-repro compare --seeds {m} --ray auto`"
 
-def study_table(pt: dict, # `point_summary` of the study's runs folder
-                window: int = 50) -> str:
+
+def study_table(
+    pt: dict,  # `point_summary` of the study's runs folder
+    window: int = 50,
+) -> str:
     "The table `sao-repro compare` ends with: held-out accuracy per setting, then each phenomenon's verdict and what would resolve it."
-    out = ["### The study: held-out accuracy per setting, then the reference study's phenomena (mean ± 95% CI over seeds)", "",
-           f"| setting / phenomenon | seeds | held-out: step 1 -> end (last {window} steps); phenomenon: its quantity | verdict | "
-           "what would resolve it |", "|---|---|---|---|---|"]
+    out = [
+        "### The study: held-out accuracy per setting, then the reference study's phenomena (mean ± 95% CI over seeds)",
+        "",
+        f"| setting / phenomenon | seeds | held-out: step 1 -> end (last {window} steps); phenomenon: its quantity | verdict | "
+        "what would resolve it |",
+        "|---|---|---|---|---|",
+    ]
     for r in pt["settings"]:
         if not r["n_seeds"]:
             out.append(f"| {r['setting']} | 0 | - | no finished run | {what_resolves('no data', None, None, 0)} |")
             continue
         v = _verdict(r.get("eval_delta"), r.get("eval_delta_ci"))
         change = {"reproduced": "rose", "opposite": "fell", "not resolved": "no resolved change"}.get(v, v)
-        out.append(f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> "
-                   f"{fmt_ci(r['eval_end'], r['eval_end_ci'])} | {change} ({fmt_ci(r.get('eval_delta'), r.get('eval_delta_ci'))}) | - |")
+        out.append(
+            f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> "
+            f"{fmt_ci(r['eval_end'], r['eval_end_ci'])} | {change} ({fmt_ci(r.get('eval_delta'), r.get('eval_delta_ci'))}) | - |"
+        )
     for r in phenomena(pt):
         part, tag = ("heldout", "") if r["heldout"] is not None else ("online", " (online)")
         x, h, v = r[part], r[f"{part}_ci"], r[f"{part}_verdict"]
-        out.append(f"| **{r['phenomenon']}**: {r['quantity']} | {r.get('n') or '-'} | {fmt_ci(x, h)}{tag} | {v} | "
-                   f"{what_resolves(v, x, h, r.get('n'))} |")
+        out.append(
+            f"| **{r['phenomenon']}**: {r['quantity']} | {r.get('n') or '-'} | {fmt_ci(x, h)}{tag} | {v} | "
+            f"{what_resolves(v, x, h, r.get('n'))} |"
+        )
     return "\n".join(out)

@@ -27,7 +27,15 @@ from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
 from .rayconnect import RayUnavailable, ray_problem
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
-from .summary import format_phenomena, format_results, json_ready, knob_effects, phenomena, point_summary, study_tables
+from sao_repro.mini.summary import (
+    format_phenomena,
+    format_results,
+    json_ready,
+    knob_effects,
+    phenomena,
+    point_summary,
+    study_tables,
+)
 
 # %% auto #0
 __all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
@@ -35,14 +43,18 @@ __all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_resu
 # %% ../../nbs/33_mini.sweep.ipynb #00a19af2
 _RESERVED = ("setting", "seed", "steps", "out", "backend")  # set by the sweep itself, not by base / grid
 
+
 @dataclass
 class SweepConfig:
     "A grid of run options x settings x seeds."
+
     name: str = field(metadata={"help": "sweep name: the folder <out>/sweeps/<name>/"})
     settings: list = field(metadata={"help": "settings to run at every point"})
     seeds: list = field(metadata={"help": "seeds: N (0..N-1) or a list"})
     steps: int = field(metadata={"help": "training steps per run"})
-    base: dict = field(default_factory=dict, metadata={"help": "run options shared by every point (MiniRunConfig fields)"})
+    base: dict = field(
+        default_factory=dict, metadata={"help": "run options shared by every point (MiniRunConfig fields)"}
+    )
     grid: dict = field(default_factory=dict, metadata={"help": "knob -> list of values; every combination is a point"})
     window: int = field(default=50, metadata={"help": "start/end window in steps of the summary"})
 
@@ -74,11 +86,13 @@ class SweepConfig:
         keys = list(self.grid)
         return [dict(zip(keys, vs)) for vs in itertools.product(*(self.grid[k] for k in keys))]
 
+
 def _no_repeats(name: str, values: list):
     "Each run once: a repeated value would train one folder twice and count it twice."
     seen = [v for i, v in enumerate(values) if v in values[:i]]
     if seen:
         raise ValueError(f"{name}: {seen[0]!r} is repeated in {values!r}; list each value once")
+
 
 def _check_knobs(part: str, d: dict):
     if not isinstance(d, dict):
@@ -86,8 +100,10 @@ def _check_knobs(part: str, d: dict):
     names = {f.name for f in fields(MiniRunConfig)} - set(_RESERVED)
     bad = sorted(set(d) - names)
     if bad:
-        raise ValueError(f"{part}: unknown run option(s) {bad}; valid: {', '.join(sorted(names))} "
-                         f"({', '.join(_RESERVED)} are set by the sweep)")
+        raise ValueError(
+            f"{part}: unknown run option(s) {bad}; valid: {', '.join(sorted(names))} "
+            f"({', '.join(_RESERVED)} are set by the sweep)"
+        )
 
 # %% ../../nbs/33_mini.sweep.ipynb #887dfa43
 def load_sweep(path_or_dict) -> SweepConfig:
@@ -104,6 +120,7 @@ def load_sweep(path_or_dict) -> SweepConfig:
         raise ValueError(f"missing sweep key(s) {missing}")
     return SweepConfig(**d)
 
+
 def point_label(point: dict) -> str:
     "Folder name of a grid point: `knob=value,...` (`base` for the empty grid)."
     return ",".join(f"{k}={v}" for k, v in point.items()).replace("/", "_") or "base"
@@ -118,45 +135,94 @@ def sweep_jobs(sc: SweepConfig, out: str) -> list[dict]:
         for s in sc.settings:
             for k in sc.seeds:
                 run_dir = root / label / "mini" / s / f"seed{k}"
-                jobs.append({"label": label, "point": point, "setting": s, "seed": k, "out": str(root / label),
-                             "run_dir": run_dir, "overrides": resolve_inputs({**sc.base, **point}), "state": run_state(run_dir, sc.steps)})
+                jobs.append(
+                    {
+                        "label": label,
+                        "point": point,
+                        "setting": s,
+                        "seed": k,
+                        "out": str(root / label),
+                        "run_dir": run_dir,
+                        "overrides": resolve_inputs({**sc.base, **point}),
+                        "state": run_state(run_dir, sc.steps),
+                    }
+                )
     return jobs
 
 # %% ../../nbs/33_mini.sweep.ipynb #36744999
 def sweep_results(sc: SweepConfig, out: str) -> dict:
     "Rows per point x setting, paired effects per point and the knob effects between points (JSON-ready; NaN -> None)."
     base = Path(out).resolve() / "sweeps" / sc.name
-    points = [{"label": point_label(p), "point": p, **point_summary(base / point_label(p), sc.settings, sc.seeds, sc.window)}
-              for p in sc.points()]
+    points = [
+        {"label": point_label(p), "point": p, **point_summary(base / point_label(p), sc.settings, sc.seeds, sc.window)}
+        for p in sc.points()
+    ]
     effects = knob_effects(base, [(point_label(p), p) for p in sc.points()], sc.settings, sc.seeds, sc.window)
-    return json_ready({"name": sc.name, "steps": sc.steps, "window": sc.window, "seeds": sc.seeds, "points": points,
-                       "knob_effects": effects})
+    return json_ready(
+        {
+            "name": sc.name,
+            "steps": sc.steps,
+            "window": sc.window,
+            "seeds": sc.seeds,
+            "points": points,
+            "knob_effects": effects,
+        }
+    )
 
 # %% ../../nbs/33_mini.sweep.ipynb #7cd72589
 def sweep_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro sweep", description="Run a grid of testbed run options x settings x "
-                                "seeds (YAML CONFIG, see configs/sweeps/) through experiments/run_setting.ipynb; "
-                                "resumable; ends with end-accuracy and paired effect-size tables.")
+    p = argparse.ArgumentParser(
+        prog="sao-repro sweep",
+        description="Run a grid of testbed run options x settings x "
+        "seeds (YAML CONFIG, see configs/sweeps/) through experiments/run_setting.ipynb; "
+        "resumable; ends with end-accuracy and paired effect-size tables.",
+    )
     p.add_argument("config", help="sweep YAML: name, settings, seeds, steps, base, grid (optional window)")
-    p.add_argument("--out", default=".", help="root folder; the sweep goes to <out>/sweeps/<name>/ (default: ./sweeps/<name>/, "
-                   "kept apart from runs/ so that `sao-repro report --runs runs` does not mix sweep runs into the study)")
+    p.add_argument(
+        "--out",
+        default=".",
+        help="root folder; the sweep goes to <out>/sweeps/<name>/ (default: ./sweeps/<name>/, "
+        "kept apart from runs/ so that `sao-repro report --runs runs` does not mix sweep runs into the study)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs executed side by side (default 2: one per core)")
-    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
-                   help="run each run as a Ray task: 'auto' (the running cluster; the default of a bare --ray), "
-                   "an address, or 'local' (a Ray instance on this machine); --jobs is then unused")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run each run as a Ray task: 'auto' (the running cluster; the default of a bare --ray), "
+        "an address, or 'local' (a Ray instance on this machine); --jobs is then unused",
+    )
     p.add_argument("--notebook", default=None, help="run notebook (default experiments/run_setting.ipynb)")
     return p
+
 
 def _run_jobs(nb: Path, sc: SweepConfig, todo: list[dict], n_jobs: int, bar) -> list[tuple[dict, BaseException]]:
     failed = []
     with ThreadPoolExecutor(max(1, n_jobs)) as ex:
-        futs = {ex.submit(execute_run, nb, j["setting"], j["seed"], sc.steps, "mini", j["out"], False, j["overrides"],
-                          j["state"] == "partial"): j for j in todo}
+        futs = {
+            ex.submit(
+                execute_run,
+                nb,
+                j["setting"],
+                j["seed"],
+                sc.steps,
+                "mini",
+                j["out"],
+                False,
+                j["overrides"],
+                j["state"] == "partial",
+            ): j
+            for j in todo
+        }
         for f in as_completed(futs):
             j = futs[f]
             if f.exception() is not None:
                 failed.append((j, f.exception()))
-                bar.write(f"FAILED {j['label']} {j['setting']} seed{j['seed']}: {str(f.exception()).strip().splitlines()[-1][:300]}")
+                bar.write(
+                    f"FAILED {j['label']} {j['setting']} seed{j['seed']}: {str(f.exception()).strip().splitlines()[-1][:300]}"
+                )
             bar.update(1)
     return failed
 
@@ -165,10 +231,18 @@ def _run_jobs_on_ray(nb: Path, sc: SweepConfig, todo: list[dict], address: str, 
     "The sweep's runs `todo` as Ray tasks (`sao_repro.mini.cluster.run_on_ray`); returns the failed (job, error)."
     from sao_repro.mini.cluster import run_on_ray
     from sao_repro.mini.cli import run_params
-    jobs = [{**j, "name": f"{j['label']} {j['setting']} seed{j['seed']}",
-             "cfg": make_config(j["setting"], j["seed"], sc.steps, overrides=j["overrides"]),
-             "params": run_params(j["setting"], j["seed"], sc.steps, "mini", j["out"], False, j["overrides"], j["state"] == "partial")}
-            for j in todo]
+
+    jobs = [
+        {
+            **j,
+            "name": f"{j['label']} {j['setting']} seed{j['seed']}",
+            "cfg": make_config(j["setting"], j["seed"], sc.steps, overrides=j["overrides"]),
+            "params": run_params(
+                j["setting"], j["seed"], sc.steps, "mini", j["out"], False, j["overrides"], j["state"] == "partial"
+            ),
+        }
+        for j in todo
+    ]
     return run_on_ray(nb, jobs, address, bar)
 
 # %% ../../nbs/33_mini.sweep.ipynb #66b0d04c
@@ -194,31 +268,47 @@ def sweep_main(argv: list[str] | None = None) -> int:
             return 2
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
-    print(f"sweep {sc.name}: {len(sc.points())} points x {len(sc.settings)} settings x {len(sc.seeds)} seeds = {len(jobs)} runs; "
-          f"{len(jobs) - len(todo)} finished (skipped), {sum(j['state'] == 'partial' for j in todo)} to resume")
+    print(
+        f"sweep {sc.name}: {len(sc.points())} points x {len(sc.settings)} settings x {len(sc.seeds)} seeds = {len(jobs)} runs; "
+        f"{len(jobs) - len(todo)} finished (skipped), {sum(j['state'] == 'partial' for j in todo)} to resume"
+    )
     t0 = time.time()
     for point in sc.points() if a.ray is None else []:  # build each warm start once, before the parallel runs
-        prebuild_warm_start(SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
-                  {**sc.base, **point})
+        prebuild_warm_start(
+            SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
+            {**sc.base, **point},
+        )
     try:
         with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
-            failed = _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
+            failed = (
+                _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
+            )
     except RayUnavailable as e:  # Ray answered the check but refused the connection
         print(f"\nsao-repro sweep: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; their run folders are as they were
-        print(f"\nsao-repro sweep: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
-              "resume: run the same command again", file=sys.stderr)
+        print(
+            f"\nsao-repro sweep: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
+            "resume: run the same command again",
+            file=sys.stderr,
+        )
         return 130
     res = sweep_results(sc, a.out)
     res["failed"] = [{"label": j["label"], "setting": j["setting"], "seed": j["seed"]} for j, _ in failed]
     table = study_tables(res)
     root = Path(a.out) / "sweeps" / sc.name
     root.mkdir(parents=True, exist_ok=True)
-    (root / "results.md").write_text(f"`sao-repro sweep {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{table}\n")
+    (root / "results.md").write_text(
+        f"`sao-repro sweep {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{table}\n"
+    )
     (root / "results.json").write_text(json.dumps(res, indent=1))
-    print(f"\n{len(todo) - len(failed)}/{len(todo)} runs executed in {time.time() - t0:.0f} s; results in {root}/results.md\n")
+    print(
+        f"\n{len(todo) - len(failed)}/{len(todo)} runs executed in {time.time() - t0:.0f} s; results in {root}/results.md\n"
+    )
     print(table)
     for j, _ in failed:
-        print(f"failed: {j['label']} {j['setting']} seed{j['seed']} ({j['run_dir'] / 'run_setting.ipynb'})", file=sys.stderr)
+        print(
+            f"failed: {j['label']} {j['setting']} seed{j['seed']} ({j['run_dir'] / 'run_setting.ipynb'})",
+            file=sys.stderr,
+        )
     return 1 if failed else 0

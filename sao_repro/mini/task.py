@@ -22,17 +22,30 @@ __all__ = ['FAMILIES', 'TaskConfig', 'make_problem', 'is_heldout', 'draw_express
 # %% ../../nbs/25_mini.task.ipynb #94a6f80e
 FAMILIES = ("add", "chain")
 
+
 @dataclass
 class TaskConfig:
     "The synthetic arithmetic task (family `add`: one operation, answer only; `chain`: left-to-right chain with a scratchpad)."
+
     difficulty: int = field(default=2, metadata={"help": "digits per operand (1-6); MATH level = min(difficulty, 5)"})
     ops: str = field(default="+", metadata={"help": "operators to draw from, any of '+-*' (e.g. '+-')"})
     heldout_mod: int = field(default=10, metadata={"help": "an expression is held out when hash % heldout_mod == 0"})
     n_eval: int = field(default=512, metadata={"help": "size of the fixed held-out evaluation set"})
-    family: str = field(default="add", metadata={"help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain, scratchpad response)", "choices": list(FAMILIES)})
-    min_terms: int = field(default=2, metadata={"help": "chain: fewest operands per problem (drawn uniformly in min_terms..max_terms)"})
+    family: str = field(
+        default="add",
+        metadata={
+            "help": "task family: 'add' (a op b, answer only) or 'chain' (left-to-right chain, scratchpad response)",
+            "choices": list(FAMILIES),
+        },
+    )
+    min_terms: int = field(
+        default=2, metadata={"help": "chain: fewest operands per problem (drawn uniformly in min_terms..max_terms)"}
+    )
     max_terms: int = field(default=4, metadata={"help": "chain: most operands per problem"})
-    direct_frac: float = field(default=0.0, metadata={"help": "chain: fraction of warm-start examples answered directly, without the scratchpad"})
+    direct_frac: float = field(
+        default=0.0,
+        metadata={"help": "chain: fraction of warm-start examples answered directly, without the scratchpad"},
+    )
 
     def __post_init__(self):
         if not 1 <= self.difficulty <= 6:
@@ -44,7 +57,9 @@ class TaskConfig:
         if self.family not in FAMILIES:
             raise ValueError(f"TaskConfig.family={self.family!r}: use one of {', '.join(FAMILIES)}")
         if not 2 <= self.min_terms <= self.max_terms <= 6:  # at most 5 steps: MATH level = number of steps
-            raise ValueError(f"TaskConfig min_terms={self.min_terms}, max_terms={self.max_terms}: use 2 <= min_terms <= max_terms <= 6")
+            raise ValueError(
+                f"TaskConfig min_terms={self.min_terms}, max_terms={self.max_terms}: use 2 <= min_terms <= max_terms <= 6"
+            )
         if not 0.0 <= self.direct_frac <= 1.0:
             raise ValueError(f"TaskConfig.direct_frac={self.direct_frac}: use [0, 1]")
 
@@ -57,50 +72,58 @@ class TaskConfig:
 def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
-def make_problem(a: int, # first operand
-                 op: str, # '+', '-' or '*'
-                 b: int, # second operand
-                 difficulty: int = 2, # digits per operand (sets `level`)
-                ) -> dict:
+
+def make_problem(
+    a: int,  # first operand
+    op: str,  # '+', '-' or '*'
+    b: int,  # second operand
+    difficulty: int = 2,  # digits per operand (sets `level`)
+) -> dict:
     "One MATH-schema record for `a op b`."
     s = _apply(a, op, b)
-    return {"problem": f"Compute ${a}{op}{b}$.",
-            "solution": f"${a}{op}{b}={s}$, so the answer is $\\boxed{{{s}}}$.",
-            "level": f"Level {min(difficulty, 5)}",
-            "type": "Prealgebra"}
+    return {
+        "problem": f"Compute ${a}{op}{b}$.",
+        "solution": f"${a}{op}{b}={s}$, so the answer is $\\boxed{{{s}}}$.",
+        "level": f"Level {min(difficulty, 5)}",
+        "type": "Prealgebra",
+    }
 
 # %% ../../nbs/25_mini.task.ipynb #60473f18
-def is_heldout(expr: str, # expression text, e.g. '37+45'
-               heldout_mod: int = 10,
-              ) -> bool:
+def is_heldout(
+    expr: str,  # expression text, e.g. '37+45'
+    heldout_mod: int = 10,
+) -> bool:
     "Stable (process-independent) split of the problem space."
     h = hashlib.blake2b(expr.encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") % heldout_mod == 0
 
 # %% ../../nbs/25_mini.task.ipynb #d3591619
-def draw_expressions(cfg: TaskConfig, # the task
-                     n: int, # number of expressions
-                     split: str, # 'train' or 'heldout'
-                     rng: np.random.Generator, # the only source of randomness
-                    ) -> list[tuple[int, str, int]]:
+def draw_expressions(
+    cfg: TaskConfig,  # the task
+    n: int,  # number of expressions
+    split: str,  # 'train' or 'heldout'
+    rng: np.random.Generator,  # the only source of randomness
+) -> list[tuple[int, str, int]]:
     "Draw `n` expressions (a, op, b) of `split` (rejection sampling on the held-out hash)."
     if split not in ("train", "heldout"):
         raise ValueError(f"split={split!r}: use 'train' or 'heldout'")
     want, out = split == "heldout", []
     while len(out) < n:
         m = 2 * (n - len(out)) if not want else cfg.heldout_mod * (n - len(out)) + 8
-        ab = rng.integers(0, 10 ** cfg.difficulty, size=(m, 2))
+        ab = rng.integers(0, 10**cfg.difficulty, size=(m, 2))
         ops = rng.integers(0, len(cfg.ops), size=m)
         for (a, b), o in zip(ab.tolist(), ops.tolist()):
             if len(out) < n and is_heldout(f"{a}{cfg.ops[o]}{b}", cfg.heldout_mod) == want:
                 out.append((a, cfg.ops[o], b))
     return out
 
+
 def sample_problems(cfg: TaskConfig, n: int, split: str, rng: np.random.Generator) -> list[dict]:
     "Draw `n` MATH-schema problems of `split` (of the task's family)."
     if cfg.family == "chain":
         return [make_chain_problem(t, o, cfg.difficulty) for t, o in draw_chains(cfg, n, split, rng)]
     return [make_problem(a, op, b, cfg.difficulty) for a, op, b in draw_expressions(cfg, n, split, rng)]
+
 
 def eval_problems(cfg: TaskConfig, seed: int = 0) -> list[dict]:
     "The fixed held-out evaluation set (the same for every setting and run seed)."
@@ -117,9 +140,11 @@ def _norm(ans: str) -> str:
     except ValueError:
         return ans
 
-def answer_reward(response: str | None, # decoded answer (None when truncated: no end token)
-                  solution: str, # MATH solution with the gold `\boxed{}`
-                 ) -> float:
+
+def answer_reward(
+    response: str | None,  # decoded answer (None when truncated: no end token)
+    solution: str,  # MATH solution with the gold `\boxed{}`
+) -> float:
     "1.0 when the final answer equals the gold one, else 0.0."
     gold = last_boxed(solution)
     if response is None or gold is None:
@@ -130,6 +155,7 @@ def answer_reward(response: str | None, # decoded answer (None when truncated: n
 # %% ../../nbs/25_mini.task.ipynb #323702a9
 class CharTokenizer:
     "Character vocabulary: `<pad>`, `<eos>`, then `chars` (digits and `+-*=`; the chain family adds `,`)."
+
     chars = "0123456789+-*="
     pad_id, eos_id = 0, 1
 
@@ -159,9 +185,11 @@ class CharTokenizer:
 # %% ../../nbs/25_mini.task.ipynb #7e4724c1
 _EXPR = re.compile(r"\$(-?\d+)([+\-*])(\d+)\$")
 
-def prompt_text(problem: str, # MATH `problem` text
-                difficulty: int, # pad operands to this many digits
-               ) -> str:
+
+def prompt_text(
+    problem: str,  # MATH `problem` text
+    difficulty: int,  # pad operands to this many digits
+) -> str:
     "Compact model prompt for a generated problem, e.g. 'Compute $7+45$.' -> '07+45='."
     m = _EXPR.search(problem)
     if m is None:
@@ -169,41 +197,48 @@ def prompt_text(problem: str, # MATH `problem` text
     a, op, b = m.groups()
     return f"{int(a):0{difficulty}d}{op}{int(b):0{difficulty}d}="
 
+
 def max_answer_len(cfg: TaskConfig) -> int:
     "Longest response in characters, `<eos>` not counted (the answer; for `chain` the whole scratchpad)."
     if cfg.family == "chain":
         return max_scratchpad_len(cfg)
-    hi = 10 ** cfg.difficulty - 1
+    hi = 10**cfg.difficulty - 1
     return max(len(str(_apply(hi, op, hi))) if op != "-" else cfg.difficulty + 1 for op in cfg.ops)
+
 
 def encode_prompts(problems: list[dict], cfg: TaskConfig, tok: CharTokenizer) -> torch.Tensor:
     "Prompt ids [B, P] (all prompts of a task have length P: 2*difficulty + 2, or `chain_prompt_len`)."
     if cfg.family == "chain":
         P = chain_prompt_len(cfg)
-        return torch.tensor([_left_pad(tok.encode(chain_prompt_text(p["problem"], cfg.difficulty)), P, tok.pad_id)
-                             for p in problems], dtype=torch.long)
+        return torch.tensor(
+            [_left_pad(tok.encode(chain_prompt_text(p["problem"], cfg.difficulty)), P, tok.pad_id) for p in problems],
+            dtype=torch.long,
+        )
     return torch.tensor([tok.encode(prompt_text(p["problem"], cfg.difficulty)) for p in problems], dtype=torch.long)
 
 # %% ../../nbs/25_mini.task.ipynb #00751d8d
-def draw_chains(cfg: TaskConfig, # the task (family 'chain')
-                n: int, # number of chains
-                split: str, # 'train' or 'heldout'
-                rng: np.random.Generator, # the only source of randomness
-               ) -> list[tuple[list[int], str]]:
+def draw_chains(
+    cfg: TaskConfig,  # the task (family 'chain')
+    n: int,  # number of chains
+    split: str,  # 'train' or 'heldout'
+    rng: np.random.Generator,  # the only source of randomness
+) -> list[tuple[list[int], str]]:
     "Draw `n` chains (operands, operators) of `split`."
     if split not in ("train", "heldout"):
         raise ValueError(f"split={split!r}: use 'train' or 'heldout'")
     want, out = split == "heldout", []
     while len(out) < n:
         k = int(rng.integers(cfg.min_terms, cfg.max_terms + 1))
-        terms = rng.integers(0, 10 ** cfg.difficulty, size=k).tolist()
+        terms = rng.integers(0, 10**cfg.difficulty, size=k).tolist()
         ops = "".join(cfg.ops[i] for i in rng.integers(0, len(cfg.ops), size=k - 1).tolist())
         if is_heldout(_chain_expr(terms, ops), cfg.heldout_mod) == want:
             out.append((terms, ops))
     return out
 
+
 def _chain_expr(terms, ops, digits: int = 0) -> str:
     return "".join(f"{t:0{digits}d}{o}" for t, o in zip(terms, ops + " ")).rstrip()
+
 
 def chain_steps(terms: list[int], ops: str) -> list[int]:
     "The running results r_1..r_{n-1} of a left-to-right chain."
@@ -213,18 +248,22 @@ def chain_steps(terms: list[int], ops: str) -> list[int]:
         out.append(r)
     return out
 
+
 def make_chain_problem(terms: list[int], ops: str, difficulty: int = 2) -> dict:
     "One MATH-schema record for a left-to-right chain."
     rs = chain_steps(terms, ops)
     left = [terms[0]] + rs[:-1]
     steps = ", ".join(f"${l}{o}{t}={r}$" for l, o, t, r in zip(left, ops, terms[1:], rs))
-    return {"problem": f"Compute ${_chain_expr(terms, ops)}$ from left to right.",
-            "solution": f"{steps}, so the answer is $\\boxed{{{rs[-1]}}}$.",
-            "level": f"Level {min(len(terms) - 1, 5)}",
-            "type": "Prealgebra"}
+    return {
+        "problem": f"Compute ${_chain_expr(terms, ops)}$ from left to right.",
+        "solution": f"{steps}, so the answer is $\\boxed{{{rs[-1]}}}$.",
+        "level": f"Level {min(len(terms) - 1, 5)}",
+        "type": "Prealgebra",
+    }
 
 # %% ../../nbs/25_mini.task.ipynb #4eec9a79
 _CHAIN = re.compile(r"\$(\d+(?:[+\-*]\d+)+)\$ from left to right")
+
 
 def parse_chain(problem: str) -> tuple[list[int], str]:
     "Operands and operators of a generated chain problem."
@@ -233,16 +272,20 @@ def parse_chain(problem: str) -> tuple[list[int], str]:
         raise ValueError(f"not a generated chain problem: {problem!r}")
     return [int(t) for t in re.split(r"[+\-*]", m.group(1))], "".join(re.findall(r"[+\-*]", m.group(1)))
 
+
 def chain_prompt_text(problem: str, difficulty: int) -> str:
     "Compact prompt, e.g. 'Compute $7+45-13$ from left to right.' -> '07+45-13='."
     terms, ops = parse_chain(problem)
     return _chain_expr(terms, ops, difficulty) + "="
 
+
 def chain_prompt_len(cfg: TaskConfig) -> int:
     return cfg.max_terms * (cfg.difficulty + 1)
 
+
 def _left_pad(ids: list[int], n: int, pad: int) -> list[int]:
     return [pad] * (n - len(ids)) + ids
+
 
 def scratchpad(terms: list[int], ops: str, difficulty: int, results: list[int] | None = None) -> str:
     "The response: one `left op operand=result` per step, joined by `,` (`results` may differ from the true ones)."
@@ -250,14 +293,16 @@ def scratchpad(terms: list[int], ops: str, difficulty: int, results: list[int] |
     left = [f"{terms[0]:0{difficulty}d}"] + [str(r) for r in rs[:-1]]
     return ",".join(f"{l}{o}{t:0{difficulty}d}={r}" for l, o, t, r in zip(left, ops, terms[1:], rs))
 
+
 def max_scratchpad_len(cfg: TaskConfig) -> int:
     "Upper bound on a chain response's length in characters (`<eos>` not counted), warm-start slips of +-10 included."
-    hi, r = 10 ** cfg.difficulty - 1, 10 ** cfg.difficulty - 1
+    hi, r = 10**cfg.difficulty - 1, 10**cfg.difficulty - 1
     for _ in range(cfg.max_terms - 1):
         r = max(r + hi if set(cfg.ops) & set("+-") else 0, r * hi if "*" in cfg.ops else 0) + 10
     w = max(cfg.difficulty, len(str(r)) + ("-" in cfg.ops))  # widest number written
     steps = cfg.max_terms - 1
     return steps * (w + 1 + cfg.difficulty + 1 + w) + steps - 1
+
 
 def chain_final_answer(response: str | None) -> str | None:
     "The text after the last `=` (the whole response when it has none); None stays None."
@@ -268,9 +313,11 @@ def task_tokenizer(cfg: TaskConfig) -> CharTokenizer:
     "The character vocabulary of the task's family."
     return CharTokenizer(CharTokenizer.chars + ",") if cfg.family == "chain" else CharTokenizer()
 
-def response_reward(response: str | None, # decoded response (None when truncated)
-                    problem: dict, # its MATH-schema problem
-                    cfg: TaskConfig,
-                   ) -> float:
+
+def response_reward(
+    response: str | None,  # decoded response (None when truncated)
+    problem: dict,  # its MATH-schema problem
+    cfg: TaskConfig,
+) -> float:
     "1.0 when the response's final answer is the gold one."
     return answer_reward(chain_final_answer(response) if cfg.family == "chain" else response, problem["solution"])

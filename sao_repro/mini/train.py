@@ -33,11 +33,32 @@ from .model import CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_
 from .rollout import PolicyHistory, collect, pick_lag, rollout_mismatch
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
 from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
-from .critic_init import check_critic_init, critic_model, load_critic_init  # load_critic_init: re-exported
+from sao_repro.mini.critic_init import (
+    check_critic_init,
+    critic_model,
+    load_critic_init,
+)  # load_critic_init: re-exported
 from ..safeload import load_state
-from .runfolder import (
-    RESUME_FREE, RUN_FILES, ConfigChangeError, NoCheckpointError, RunExistsError, check_fresh, check_resumable, checkpoints, clear_run, config_changes, eval_due,
-    log_event, read_metrics, readable_checkpoint, repair_logs, saved_config, truncate_metrics, write_config)
+from sao_repro.mini.runfolder import (
+    RESUME_FREE,
+    RUN_FILES,
+    ConfigChangeError,
+    NoCheckpointError,
+    RunExistsError,
+    check_fresh,
+    check_resumable,
+    checkpoints,
+    clear_run,
+    config_changes,
+    eval_due,
+    log_event,
+    read_metrics,
+    readable_checkpoint,
+    repair_logs,
+    saved_config,
+    truncate_metrics,
+    write_config,
+)
 
 # %% auto #0
 __all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
@@ -46,8 +67,10 @@ __all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train
 class NonFiniteError(RuntimeError):
     "A loss or gradient was NaN or inf."
 
+
 class DiskFullError(OSError):
     "The run folder's disk filled up during the run."
+
 
 def disk_full(e: BaseException, run_dir: Path) -> bool:
     """`e` came from a full disk: ENOSPC, or a failed write (torch.save's `enforce fail` RuntimeError carries no
@@ -62,22 +85,30 @@ def disk_full(e: BaseException, run_dir: Path) -> bool:
     except OSError:
         return False
 
+
 class MiniTrainer:
     "The testbed trainer for one setting."
+
     def __init__(self, cfg: MiniRunConfig, log=print):
         self.cfg, self.log = cfg, log
         self.setting: Setting = cfg.effective_setting()
         self.policy, self.start_meta = warm_start(cfg.task(), cfg.model(), cfg.pretrain(), log=log)
-        torch.manual_seed(cfg.seed)  # after the warm start, which leaves another random state when it is built than when read
+        torch.manual_seed(
+            cfg.seed
+        )  # after the warm start, which leaves another random state when it is built than when read
         self.behav = PolicyModel(cfg.model())
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
         self.critic = None
         if self.setting.critic:
             cm = critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"])
             self.critic_source = load_critic_init(cm, cfg.critic_init) if cfg.critic_init else None
-            self.critic = CriticTrainer(cm,
-                                        lr=cfg.critic_lr, k_passes=self.setting.critic_k,
-                                        warmup_steps=self.setting.warmup_steps, freeze=self.setting.critic_freeze)
+            self.critic = CriticTrainer(
+                cm,
+                lr=cfg.critic_lr,
+                k_passes=self.setting.critic_k,
+                warmup_steps=self.setting.warmup_steps,
+                freeze=self.setting.critic_freeze,
+            )
         elif log and any(getattr(cfg, k) is not None for k in ("critic_warmup", "critic_k", "critic_width")):
             log(f"note: {cfg.setting} has no critic; critic_warmup / critic_k / critic_width are recorded but unused")
         self.baseline = RunningMeanBaseline() if self.setting.advantage == "running_mean" else None
@@ -93,15 +124,21 @@ class MiniTrainer:
 # %% ../../nbs/30_mini.train.ipynb #82dfe024
 @torch.no_grad()
 def _adv_stats(adv, mask) -> dict:
-    return {"adv/mean": float(masked_mean(adv, mask)), "adv/std": float(masked_var(adv, mask).sqrt()),
-            "adv/max": float(adv[mask].max()) if mask.any() else float("nan")}
+    return {
+        "adv/mean": float(masked_mean(adv, mask)),
+        "adv/std": float(masked_var(adv, mask).sqrt()),
+        "adv/max": float(adv[mask].max()) if mask.any() else float("nan"),
+    }
+
 
 def _clean(m: dict) -> dict:
     "NaN/inf -> None so metrics.jsonl is strict JSON."
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
 
+
 def _finite(x) -> bool:
     return bool(torch.isfinite(torch.as_tensor(x)).all())
+
 
 def _lam(lam, resp_len, alpha=1.5):
     return adaptive_lambda(resp_len.float(), alpha) if lam == "adaptive" else float(lam)
@@ -116,6 +153,7 @@ def rollout(self: MiniTrainer):
     prompts = sample_problems(cfg.task(), cfg.traj_per_step // s.group_size, "train", self.rng)
     problems = [p for p in prompts for _ in range(s.group_size)]
     return collect(behav, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
+
 
 @patch
 def row_lengths(self: MiniTrainer, ro, idx=slice(None)):
@@ -133,8 +171,13 @@ def advantages(self: MiniTrainer, ro, old_values):
     adv, _ = est(ro.rewards, ro.loss_mask, lam=_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), **kw)
     returns = None
     if self.critic is not None:
-        _, returns = get_advantage("gae")(ro.rewards, ro.loss_mask, values=old_values, gamma=s.gamma,
-                                          lam=_lam(s.critic_lambda, ro.resp_len, s.lambda_alpha))
+        _, returns = get_advantage("gae")(
+            ro.rewards,
+            ro.loss_mask,
+            values=old_values,
+            gamma=s.gamma,
+            lam=_lam(s.critic_lambda, ro.resp_len, s.lambda_alpha),
+        )
     if s.adv_whiten:  # after the returns: the critic's targets are untouched
         adv = masked_whiten(adv, ro.loss_mask)
     return adv, returns
@@ -150,8 +193,9 @@ def policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None, dis_stats=True)
     band = self.setting.band
     form = self.cfg.dis_form if band is not None else "direct"  # no DIS: the cluster's plain PPO ratio (ppo_clip)
     prox = logp.detach() if prox_logp is None else prox_logp
-    loss, m = policy_loss(logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox,
-                          dis_stats=dis_stats)
+    loss, m = policy_loss(
+        logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox, dis_stats=dis_stats
+    )
     if self.step + 1 == self.cfg.debug_nan_step:
         loss = loss * float("nan")
     if not _finite(loss):
@@ -194,7 +238,9 @@ def train_step(self: MiniTrainer) -> dict:
     s = self.setting
     ro, lag = self.rollout()
     m = {"step": self.step + 1}
-    old_values = self.critic.values(ro.tokens, lengths=self.row_lengths(ro)).detach() if self.critic is not None else None
+    old_values = (
+        self.critic.values(ro.tokens, lengths=self.row_lengths(ro)).detach() if self.critic is not None else None
+    )
     adv, returns = self.advantages(ro, old_values)
     if self.critic is not None:
         cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values, lengths=self.row_lengths(ro))
@@ -211,16 +257,25 @@ def train_step(self: MiniTrainer) -> dict:
         loss_dis = {k: am.pop(k) for k in [k for k in am if k.startswith("dis/")]}  # logged with the other dis/ keys
         m.update(am)
     n_ok = float(ro.rewards.sum())
-    m.update({"acc": n_ok / len(ro.rewards), "reward/mean": float(ro.rewards.mean()),
-              "rollout/n_correct": n_ok, "rollout/n_incorrect": len(ro.rewards) - n_ok,
-              "rollout/policy_lag": lag, "rollout/resp_len": float(ro.resp_len.float().mean()),
-              "rollout/truncated_frac": float((~ro.tokens.eq(1).any(1)).float().mean())})
+    m.update(
+        {
+            "acc": n_ok / len(ro.rewards),
+            "reward/mean": float(ro.rewards.mean()),
+            "rollout/n_correct": n_ok,
+            "rollout/n_incorrect": len(ro.rewards) - n_ok,
+            "rollout/policy_lag": lag,
+            "rollout/resp_len": float(ro.resp_len.float().mean()),
+            "rollout/truncated_frac": float((~ro.tokens.eq(1).any(1)).float().mean()),
+        }
+    )
     m.update(_adv_stats(adv, ro.loss_mask))
     if self.cfg.family == "chain":  # finished, non-empty responses that skip the scratchpad (no '=' written)
-        tok, resp = task_tokenizer(self.cfg.task()), ro.tokens[:, chain_prompt_len(self.cfg.task()):]
+        tok, resp = task_tokenizer(self.cfg.task()), ro.tokens[:, chain_prompt_len(self.cfg.task()) :]
         direct = (resp != tok.stoi["="]).all(1) & (resp == tok.eos_id).any(1) & (ro.resp_len > 1)
         m["rollout/direct_frac"] = float(direct.float().mean())
-    m["adv/lambda_mean"] = float(torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean())
+    m["adv/lambda_mean"] = float(
+        torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean()
+    )
     m.update(self.dis_stats(ro, logp, loss_dis))
     m.update(rollout_mismatch(ro, logp if pre is None else pre, self.step - lag, self.step))
     self.step += 1
@@ -236,6 +291,7 @@ def dis_stats(self: MiniTrainer, ro, logp, from_loss: dict) -> dict:
     m = from_loss or dis_metrics(logp, ro.behav_logp, ro.loss_mask, self.setting.band)
     inside = dis_mask(logp, ro.behav_logp, ro.loss_mask, self.diag_band)
     return {**m, "dis/outside_band_frac": 1.0 - int(inside.sum()) / max(int(ro.loss_mask.sum()), 1)}
+
 
 @patch
 @torch.no_grad()
@@ -259,12 +315,20 @@ def evaluate(self: MiniTrainer) -> dict:
 # %% ../../nbs/30_mini.train.ipynb #9c964f71
 @patch
 def state(self: MiniTrainer) -> dict:
-    return {"step": self.step, "policy": self.policy.state_dict(), "opt": self.opt.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "baseline": self.baseline.state_dict() if self.baseline is not None else None,
-            "history": self.history.state_dict(), "rng": self.rng.bit_generator.state,
-            "gen": self.gen.get_state(), "mb_gen": self.mb_gen.get_state(), "torch_rng": torch.get_rng_state(),
-            "config": asdict(self.cfg)}
+    return {
+        "step": self.step,
+        "policy": self.policy.state_dict(),
+        "opt": self.opt.state_dict(),
+        "critic": self.critic.state_dict() if self.critic is not None else None,
+        "baseline": self.baseline.state_dict() if self.baseline is not None else None,
+        "history": self.history.state_dict(),
+        "rng": self.rng.bit_generator.state,
+        "gen": self.gen.get_state(),
+        "mb_gen": self.mb_gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "config": asdict(self.cfg),
+    }
+
 
 @patch
 def save(self: MiniTrainer, run_dir: Path) -> Path:
@@ -278,9 +342,10 @@ def save(self: MiniTrainer, run_dir: Path) -> Path:
         Path(str(p) + ".tmp").unlink(missing_ok=True)  # a partial file would only hold the space a retry needs
         raise
     os.replace(str(p) + ".tmp", p)
-    for old in checkpoints(run_dir)[:-self.cfg.keep_ckpts]:
+    for old in checkpoints(run_dir)[: -self.cfg.keep_ckpts]:
         old.unlink()
     return p
+
 
 @patch
 def load(self: MiniTrainer, path: Path | dict):
@@ -301,21 +366,25 @@ def load(self: MiniTrainer, path: Path | dict):
     torch.set_rng_state(sd["torch_rng"])
 
 # %% ../../nbs/30_mini.train.ipynb #53e185b8
-def train_run(cfg: MiniRunConfig, # the run
-              resume: bool = False, # continue from the last readable checkpoint in the run folder
-              log=print, # progress printer (None: quiet)
-              overwrite: bool = False, # a fresh run may replace a run already in the folder
-              allow_config_change: bool = False, # a resume may change options that change results (recorded)
-             ) -> Path:
+def train_run(
+    cfg: MiniRunConfig,  # the run
+    resume: bool = False,  # continue from the last readable checkpoint in the run folder
+    log=print,  # progress printer (None: quiet)
+    overwrite: bool = False,  # a fresh run may replace a run already in the folder
+    allow_config_change: bool = False,  # a resume may change options that change results (recorded)
+) -> Path:
     "Train one setting x seed on the testbed; returns the run folder."
     if cfg.backend != "mini":
-        raise ValueError(f"train_run is the 'mini' backend; for backend={cfg.backend!r} use sao_repro.mini.cli.run_setting")
+        raise ValueError(
+            f"train_run is the 'mini' backend; for backend={cfg.backend!r} use sao_repro.mini.cli.run_setting"
+        )
     run_dir = cfg.run_dir()
     if not resume:
         check_fresh(run_dir, overwrite)
     check_critic_init(cfg)  # before the run folder is made or touched
     with lock_run_dir(run_dir, "run") as stale:  # one process per run folder; checks again under the lock
         return _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale)
+
 
 def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, stale) -> Path:
     if not resume:
@@ -328,10 +397,12 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
         ck, sd = readable_checkpoint(run_dir)
         changes = config_changes(sd["config"] if sd else saved_config(run_dir), cfg)
         if changes and not allow_config_change:
-            raise ConfigChangeError(f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
-                                    + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
-                                    + "; pass the first run's values, or --allow-config-change to change them "
-                                    f"from step {sd['step'] if sd else 0} on (recorded in config.json and events.log)")
+            raise ConfigChangeError(
+                f"--resume with options that differ from the run's ({ck.name if ck else 'config.json'}): "
+                + ", ".join(f"{c['key']} {c['old']!r} -> {c['new']!r}" for c in changes)
+                + "; pass the first run's values, or --allow-config-change to change them "
+                f"from step {sd['step'] if sd else 0} on (recorded in config.json and events.log)"
+            )
     else:
         clear_run(run_dir)
     tr = MiniTrainer(cfg, log=log)
@@ -346,8 +417,14 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
     else:
         truncate_metrics(run_dir, 0)
         write_config(run_dir, cfg, tr)
-        log_event(run_dir, "start", setting=cfg.setting, seed=cfg.seed, steps=cfg.steps,
-                  start_acc=tr.start_meta["heldout_sampled_acc"])
+        log_event(
+            run_dir,
+            "start",
+            setting=cfg.setting,
+            seed=cfg.seed,
+            steps=cfg.steps,
+            start_acc=tr.start_meta["heldout_sampled_acc"],
+        )
     if stale:
         log_event(run_dir, "stale_lock", pid=stale)
     return _loop(tr, run_dir, log)
@@ -367,7 +444,9 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
                     p = tr.save(run_dir)
                     log_event(run_dir, "checkpoint", step=tr.step, path=str(p.relative_to(run_dir)))
                 if log and "eval/acc" in m:
-                    log(f"[{cfg.setting} seed{cfg.seed}] step {tr.step}/{cfg.steps} acc {m['acc']:.3f} eval/acc {m['eval/acc']:.3f}")
+                    log(
+                        f"[{cfg.setting} seed{cfg.seed}] step {tr.step}/{cfg.steps} acc {m['acc']:.3f} eval/acc {m['eval/acc']:.3f}"
+                    )
                 if stop.requested and tr.step < cfg.steps:
                     _interrupt(tr, run_dir, stop.requested)
     except NonFiniteError as e:
@@ -386,9 +465,12 @@ def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
         except OSError:
             pass  # the disk may have no room even for this line
         if full:
-            raise DiskFullError(errno.ENOSPC, f"no space left on the disk holding {run_dir} at step {tr.step + 1} "
-                                f"({shutil.disk_usage(run_dir).free} bytes free); free space there, then continue "
-                                "with --resume") from e
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the disk holding {run_dir} at step {tr.step + 1} "
+                f"({shutil.disk_usage(run_dir).free} bytes free); free space there, then continue "
+                "with --resume",
+            ) from e
         raise
     log_event(run_dir, "finish", step=tr.step)
     return run_dir

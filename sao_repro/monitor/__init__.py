@@ -13,11 +13,43 @@ __all__ = ['KEY_ENV', 'LOOPBACK_NAMES', 'host_header_ok', 'is_loopback', 'key_ma
 # %% ../../nbs/67_monitor.ipynb #a72452fb
 from .access import KEY_ENV, LOOPBACK_NAMES, host_header_ok, is_loopback, key_matches, safe_path
 from .handler import IDLE_TIMEOUT_S, MAX_FILE_BYTES, SECURITY_HEADERS, MonitorHandler
-from .server import DEFAULT_HOST, DEFAULT_PORT, MonitorServer, make_server, monitor_main, monitor_parser, serve_in_thread
+from sao_repro.monitor.server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    MonitorServer,
+    make_server,
+    monitor_main,
+    monitor_parser,
+    serve_in_thread,
+)
 from .data import MonitorState, jsonable
 from .page import CHARTS, CSS, JS, PAGE, SMOOTH_STEPS, STATIC, render_page
 
-_all_ = ['KEY_ENV', 'LOOPBACK_NAMES', 'host_header_ok', 'is_loopback', 'key_matches', 'safe_path',
-         'IDLE_TIMEOUT_S', 'MAX_FILE_BYTES', 'SECURITY_HEADERS', 'MonitorHandler',
-         'DEFAULT_HOST', 'DEFAULT_PORT', 'MonitorServer', 'make_server', 'monitor_main', 'monitor_parser', 'serve_in_thread',
-         'MonitorState', 'jsonable', 'CHARTS', 'CSS', 'JS', 'PAGE', 'SMOOTH_STEPS', 'STATIC', 'render_page']
+_all_ = [
+    "KEY_ENV",
+    "LOOPBACK_NAMES",
+    "host_header_ok",
+    "is_loopback",
+    "key_matches",
+    "safe_path",
+    "IDLE_TIMEOUT_S",
+    "MAX_FILE_BYTES",
+    "SECURITY_HEADERS",
+    "MonitorHandler",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "MonitorServer",
+    "make_server",
+    "monitor_main",
+    "monitor_parser",
+    "serve_in_thread",
+    "MonitorState",
+    "jsonable",
+    "CHARTS",
+    "CSS",
+    "JS",
+    "PAGE",
+    "SMOOTH_STEPS",
+    "STATIC",
+    "render_page",
+]

@@ -17,7 +17,8 @@ __all__ = ['KEY_ENV', 'LOOPBACK_NAMES', 'is_loopback', 'key_matches', 'host_head
 KEY_ENV = "ADMIN_API_KEY"
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
-def is_loopback(host:str) -> bool:
+
+def is_loopback(host: str) -> bool:
     "True when `host` names the loopback interface (127.0.0.0/8, ::1, localhost)."
     h = host.strip("[]").lower()
     if h in LOOPBACK_NAMES:
@@ -27,25 +28,27 @@ def is_loopback(host:str) -> bool:
     except ValueError:
         return False
 
-def key_matches(given:str|None, expected:str|None) -> bool:
+
+def key_matches(given: str | None, expected: str | None) -> bool:
     "Constant-time comparison of a presented key with the configured one (False when either is missing)."
     if not given or not expected:
         return False
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
 
 # %% ../../nbs/67a_monitor.access.ipynb #a85ec522
-def host_header_ok(host_header:str|None) -> bool:
+def host_header_ok(host_header: str | None) -> bool:
     "On a loopback bind, accept only requests addressed to a loopback name (blocks DNS rebinding)."
     if not host_header:
         return True
     h = host_header.strip()
     if h.startswith("["):
-        h = h[1:h.find("]")] if "]" in h else h
+        h = h[1 : h.find("]")] if "]" in h else h
     elif h.count(":") == 1:
         h = h.split(":")[0]
     return is_loopback(h)
 
-def safe_path(root:Path, rel:str) -> Path|None:
+
+def safe_path(root: Path, rel: str) -> Path | None:
     "`root/rel` resolved, or None when it escapes `root` (`..`, absolute paths, symlinks out)."
     if "\x00" in rel:
         return None

@@ -23,6 +23,7 @@ def finite_or_none(x):
     "`x` when it is a finite number, else None (for JSON)."
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
+
 def jsonable(obj):
     "`obj` with every non-finite float replaced by None, recursively (JSON has no NaN)."
     if isinstance(obj, float):
@@ -33,7 +34,8 @@ def jsonable(obj):
         return [jsonable(v) for v in obj]
     return obj
 
-def thin(n:int, max_points:int) -> list[int]:
+
+def thin(n: int, max_points: int) -> list[int]:
     "Indices of at most about `max_points` evenly spaced points of `n`, always keeping the last."
     if n <= max_points:
         return list(range(n))
@@ -43,13 +45,16 @@ def thin(n:int, max_points:int) -> list[int]:
 
 # %% ../../nbs/65_monitor.data.ipynb #e9182125
 MAX_STEPS_PER_RUN = 20_000  # steps held per run; older ones are downsampled so memory does not grow with the log
-MAX_READ_BYTES = 8 << 20  # logs read per request at most: a 200 MB log loads over ~25 requests, each answered in seconds
+MAX_READ_BYTES = (
+    8 << 20
+)  # logs read per request at most: a 200 MB log loads over ~25 requests, each answered in seconds
 READ_STEP_BYTES = 1 << 20  # read in steps of this size under the data lock, so other requests are answered in between
 
 # %% ../../nbs/65_monitor.data.ipynb #3c59b97d
 class MonitorState:
     "Thread-safe access to the runs below the logs folder, re-read at most every `refresh_s` seconds, a bounded amount per call."
-    def __init__(self, logs, stall_minutes:float=10.0, refresh_s:float=1.0, max_read_bytes:int=MAX_READ_BYTES):
+
+    def __init__(self, logs, stall_minutes: float = 10.0, refresh_s: float = 1.0, max_read_bytes: int = MAX_READ_BYTES):
         self.root = Path(logs).resolve()
         self.stall_minutes = stall_minutes
         self.refresh_s = refresh_s
@@ -59,7 +64,7 @@ class MonitorState:
         self.store = RunStore(self.root, follow_symlinks=False, max_steps=MAX_STEPS_PER_RUN)
         self.last = -math.inf
 
-    def refresh(self, force:bool=False):
+    def refresh(self, force: bool = False):
         "Read new log data (at most `max_read_bytes`); returns at once when another request is reading (`force`: wait for it)."
         if not self.read_lock.acquire(blocking=force):
             return
@@ -95,17 +100,24 @@ class MonitorState:
 
 # %% ../../nbs/65_monitor.data.ipynb #e35e88c3
 @patch
-def _files(self:MonitorState, reader) -> list[str]:
+def _files(self: MonitorState, reader) -> list[str]:
     try:
         rel = reader.dir.resolve().relative_to(self.root)
-        return sorted((rel/p.name).as_posix() for p in reader.dir.iterdir() if p.is_file() and not p.is_symlink()
-                      and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt") and may_read(p)
-                      and utf8_name(p, "file"))  # a name that is not UTF-8 cannot be listed as text
+        return sorted(
+            (rel / p.name).as_posix()
+            for p in reader.dir.iterdir()
+            if p.is_file()
+            and not p.is_symlink()
+            and p.suffix in (".log", ".jsonl", ".json", ".out", ".err", ".txt")
+            and may_read(p)
+            and utf8_name(p, "file")
+        )  # a name that is not UTF-8 cannot be listed as text
     except (OSError, ValueError):
         return []
 
+
 @patch
-def runs(self:MonitorState) -> list[dict]:
+def runs(self: MonitorState) -> list[dict]:
     "The `/api/runs` payload."
     self.refresh()
     with self.lock:
@@ -116,7 +128,7 @@ def runs(self:MonitorState) -> list[dict]:
 
 # %% ../../nbs/65_monitor.data.ipynb #1533b849
 @patch
-def metrics(self:MonitorState, run:str, names:list[str]|None=None, max_points:int=2000) -> dict|None:
+def metrics(self: MonitorState, run: str, names: list[str] | None = None, max_points: int = 2000) -> dict | None:
     "The `/api/metrics` payload for `run` (None when there is no such run)."
     self.refresh()
     with self.lock:

@@ -24,7 +24,7 @@ __all__ = ['SECURITY_HEADERS', 'MAX_FILE_BYTES', 'IDLE_TIMEOUT_S', 'MonitorHandl
 # %% ../../nbs/67b_monitor.handler.ipynb #ab04cb66
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -33,8 +33,10 @@ SECURITY_HEADERS = {
 MAX_FILE_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 30.0  # an idle or half-open connection is closed after this many seconds
 
+
 class MonitorHandler(BaseHTTPRequestHandler):
     "Routes of the monitor; `self.server` is a `MonitorServer`."
+
     server_version = "sao-repro-monitor"
     protocol_version = "HTTP/1.1"
 
@@ -42,8 +44,14 @@ class MonitorHandler(BaseHTTPRequestHandler):
         if self.server.verbose:
             sys.stderr.write("monitor: " + (fmt % args) + "\n")
 
-    def _send(self, code:int, body, ctype:str="application/json; charset=utf-8"):
-        data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(jsonable(body), allow_nan=False, default=str)).encode("utf-8")
+    def _send(self, code: int, body, ctype: str = "application/json; charset=utf-8"):
+        data = (
+            body
+            if isinstance(body, bytes)
+            else (body if isinstance(body, str) else json.dumps(jsonable(body), allow_nan=False, default=str)).encode(
+                "utf-8"
+            )
+        )
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -53,19 +61,19 @@ class MonitorHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
-    def _error(self, code:int, msg:str):
+    def _error(self, code: int, msg: str):
         self._send(code, {"error": msg})
 
 # %% ../../nbs/67b_monitor.handler.ipynb #9f614c0b
 @patch
-def setup(self:MonitorHandler):
+def setup(self: MonitorHandler):
     "Each connection gets a socket timeout: a client that sends nothing for `server.idle_timeout` s is dropped."
     self.timeout = self.server.idle_timeout
     StreamRequestHandler.setup(self)
 
 # %% ../../nbs/67b_monitor.handler.ipynb #d38355c9
 @patch
-def _presented_key(self:MonitorHandler, query:dict) -> str|None:
+def _presented_key(self: MonitorHandler, query: dict) -> str | None:
     "The key this request carries: X-API-Key, Authorization: Bearer, or ?key=."
     if k := self.headers.get("X-API-Key"):
         return k.strip()
@@ -74,8 +82,9 @@ def _presented_key(self:MonitorHandler, query:dict) -> str|None:
         return auth[7:].strip()
     return query.get("key", [None])[0]
 
+
 @patch
-def _gate(self:MonitorHandler, query:dict, admin:bool) -> bool:
+def _gate(self: MonitorHandler, query: dict, admin: bool) -> bool:
     "Check Host and key; send the refusal and return False when the request may not proceed."
     srv = self.server
     if srv.loopback and not host_header_ok(self.headers.get("Host")):
@@ -91,12 +100,14 @@ def _gate(self:MonitorHandler, query:dict, admin:bool) -> bool:
 
 # %% ../../nbs/67b_monitor.handler.ipynb #08bd025f
 @patch
-def _serve_file(self:MonitorHandler, rel:str):
+def _serve_file(self: MonitorHandler, rel: str):
     "A text file under the logs folder (its last `MAX_FILE_BYTES`), or 403 / 404."
     p = safe_path(self.server.state.root, rel)
     if p is None:
         return self._error(403, "path outside the logs folder")
-    if not may_read_below(self.server.state.root, p) or not p.is_file():  # what its user may not read does not exist here
+    if (
+        not may_read_below(self.server.state.root, p) or not p.is_file()
+    ):  # what its user may not read does not exist here
         return self._error(404, "no such file")
     with open(p, "rb") as f:
         size = f.seek(0, os.SEEK_END)
@@ -104,8 +115,9 @@ def _serve_file(self:MonitorHandler, rel:str):
         data = f.read(MAX_FILE_BYTES)
     self._send(200, data, "text/plain; charset=utf-8")
 
+
 @patch
-def do_GET(self:MonitorHandler):
+def do_GET(self: MonitorHandler):
     url = urlsplit(self.path)
     query = parse_qs(url.query)
     path = unquote(url.path)
@@ -114,27 +126,28 @@ def do_GET(self:MonitorHandler):
     st = self.server.state
     if path in ("/", "/index.html"):
         return self._send(200, render_page(st.root, query.get("key", [None])[0]), "text/html; charset=utf-8")
-    if path.startswith("/static/") and path[len("/static/"):] in STATIC:
-        ctype, body = STATIC[path[len("/static/"):]]
+    if path.startswith("/static/") and path[len("/static/") :] in STATIC:
+        ctype, body = STATIC[path[len("/static/") :]]
         return self._send(200, body, ctype)
     if path == "/api/runs":
         return self._send(200, st.runs())
     if path == "/api/metrics":
         return self._api_metrics(query)
     if path.startswith("/files/"):
-        return self._serve_file(path[len("/files/"):])
+        return self._serve_file(path[len("/files/") :])
     if path.startswith("/api/admin"):
         return self._error(405, "admin actions are POST requests")
     self._error(404, "not found")
 
+
 @patch
-def do_HEAD(self:MonitorHandler):
+def do_HEAD(self: MonitorHandler):
     "As GET, without the body (`_send` writes none for HEAD)."
     self.do_GET()
 
 # %% ../../nbs/67b_monitor.handler.ipynb #53438a44
 @patch
-def _api_metrics(self:MonitorHandler, query:dict):
+def _api_metrics(self: MonitorHandler, query: dict):
     run = query.get("run", [None])[0]
     if not run:
         return self._error(400, "missing ?run=<run name> (see /api/runs)")
@@ -149,8 +162,9 @@ def _api_metrics(self:MonitorHandler, query:dict):
         return self._error(404, f"no run named {run!r} (see /api/runs)")
     self._send(200, data)
 
+
 @patch
-def do_POST(self:MonitorHandler):
+def do_POST(self: MonitorHandler):
     url = urlsplit(self.path)
     query = parse_qs(url.query)
     path = unquote(url.path)

@@ -19,18 +19,44 @@ __all__ = ['STEP', 'CHARTS', 'PAGE', 'STATIC_DIR', 'JS', 'CSS', 'STATIC', 'SMOOT
 # %% ../../nbs/66_monitor.page.ipynb #60759f66
 STEP = "training step"  # every chart's x axis: the trainer's step (one policy update per step)
 CHARTS = [
-    {"metric": "acc", "title": "Online accuracy (correct / graded)", "xlabel": STEP,
-     "ylabel": "accuracy (fraction correct)"},
+    {
+        "metric": "acc",
+        "title": "Online accuracy (correct / graded)",
+        "xlabel": STEP,
+        "ylabel": "accuracy (fraction correct)",
+    },
     {"metric": "reward/mean", "title": "Reward (mean)", "xlabel": STEP, "ylabel": "reward (mean, 1 = correct)"},
     {"metric": "dis/kept_frac", "title": "DIS kept fraction", "xlabel": STEP, "ylabel": "kept (fraction of tokens)"},
-    {"metric": "dis/masked_frac", "title": "DIS masked fraction (below + above)", "xlabel": STEP,
-     "ylabel": "masked (fraction of tokens)"},
-    {"metric": "critic/explained_var", "title": "Critic explained variance", "xlabel": STEP,
-     "ylabel": "explained variance (1 = exact)"},
-    {"metric": "rollout/resp_len", "title": "Response length (tokens)", "xlabel": STEP, "ylabel": "response length (tokens)"},
-    {"metric": "rollout/policy_lag", "title": "Policy lag (versions)", "xlabel": STEP, "ylabel": "policy lag (versions)"},
-    {"metric": "mismatch/k3_kl", "title": "Engine mismatch: k3 KL on the trainer's version", "xlabel": STEP,
-     "ylabel": "k3 KL (nats per token)"},
+    {
+        "metric": "dis/masked_frac",
+        "title": "DIS masked fraction (below + above)",
+        "xlabel": STEP,
+        "ylabel": "masked (fraction of tokens)",
+    },
+    {
+        "metric": "critic/explained_var",
+        "title": "Critic explained variance",
+        "xlabel": STEP,
+        "ylabel": "explained variance (1 = exact)",
+    },
+    {
+        "metric": "rollout/resp_len",
+        "title": "Response length (tokens)",
+        "xlabel": STEP,
+        "ylabel": "response length (tokens)",
+    },
+    {
+        "metric": "rollout/policy_lag",
+        "title": "Policy lag (versions)",
+        "xlabel": STEP,
+        "ylabel": "policy lag (versions)",
+    },
+    {
+        "metric": "mismatch/k3_kl",
+        "title": "Engine mismatch: k3 KL on the trainer's version",
+        "xlabel": STEP,
+        "ylabel": "k3 KL (nats per token)",
+    },
     {"metric": "mismatch/lag_max", "title": "Token lag, max (versions)", "xlabel": STEP, "ylabel": "lag (versions)"},
 ]
 
@@ -55,9 +81,11 @@ PAGE = """<!doctype html>
 # %% ../../nbs/66_monitor.page.ipynb #2c9b1991
 STATIC_DIR = files("sao_repro.monitor") / "static"
 
-def static_text(name:str) -> str:
+
+def static_text(name: str) -> str:
     "The text of the static file `name` shipped in `sao_repro/static/`."
     return (STATIC_DIR / name).read_text(encoding="utf-8")
+
 
 JS = static_text("monitor.js")
 CSS = static_text("monitor.css")
@@ -71,7 +99,8 @@ def _shown(root) -> str:
     "The folder's path as text: a byte that is not UTF-8 shown as U+FFFD."
     return str(root).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-def render_page(root:Path, key:str|None) -> str:
+
+def render_page(root: Path, key: str | None) -> str:
     "The HTML page; a key that came in the page's `?key=` is passed on to its script and style links."
     q = "?key=" + quote(key, safe="") if key else ""
     charts = json.dumps(CHARTS).replace("<", "\\u003c")

@@ -25,11 +25,12 @@ __all__ = ['DEFAULT_PORT', 'DEFAULT_HOST', 'MonitorServer', 'make_server', 'serv
 # %% ../../nbs/67c_monitor.server.ipynb #fbd7d160
 class MonitorServer(ThreadingHTTPServer):
     "ThreadingHTTPServer carrying the monitor's state and security settings."
+
     daemon_threads = True
     allow_reuse_address = True
     idle_timeout = IDLE_TIMEOUT_S
 
-    def __init__(self, addr, state:MonitorState, api_key:str|None, verbose:bool=False):
+    def __init__(self, addr, state: MonitorState, api_key: str | None, verbose: bool = False):
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
         self.state = state
@@ -55,20 +56,24 @@ class MonitorServer(ThreadingHTTPServer):
 DEFAULT_PORT = 8790
 DEFAULT_HOST = "127.0.0.1"
 
+
 def make_server(
-    logs, # the logs folder: a runs tree, a run folder, or an AReaL logs folder
-    host:str=DEFAULT_HOST, # address to bind; anything but loopback needs `api_key`
-    port:int=DEFAULT_PORT, # port to bind; 0 picks a free one
-    api_key:str|None=None, # the admin / access key (normally from $ADMIN_API_KEY)
-    stall_minutes:float=10.0, # flag a run `stalled` after this long without a new step
-    refresh_s:float=1.0, # re-read the logs at most this often
-    verbose:bool=False, # log each request to stderr
+    logs,  # the logs folder: a runs tree, a run folder, or an AReaL logs folder
+    host: str = DEFAULT_HOST,  # address to bind; anything but loopback needs `api_key`
+    port: int = DEFAULT_PORT,  # port to bind; 0 picks a free one
+    api_key: str | None = None,  # the admin / access key (normally from $ADMIN_API_KEY)
+    stall_minutes: float = 10.0,  # flag a run `stalled` after this long without a new step
+    refresh_s: float = 1.0,  # re-read the logs at most this often
+    verbose: bool = False,  # log each request to stderr
 ) -> MonitorServer:
     "A monitor server bound to `host:port` (not yet serving)."
     if not is_loopback(host) and not api_key:
-        raise ValueError(f"refusing to listen on {host!r} without a key: anyone who can reach it could read the logs. "
-                         f"Set {KEY_ENV} (e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`), or bind {DEFAULT_HOST}.")
+        raise ValueError(
+            f"refusing to listen on {host!r} without a key: anyone who can reach it could read the logs. "
+            f"Set {KEY_ENV} (e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`), or bind {DEFAULT_HOST}."
+        )
     return MonitorServer((host, port), MonitorState(logs, stall_minutes, refresh_s), api_key, verbose)
+
 
 def serve_in_thread(logs, **kwargs) -> MonitorServer:
     "Start `make_server(logs, **kwargs)` in a daemon thread; stop it with `.shutdown()` then `.server_close()`."
@@ -78,21 +83,41 @@ def serve_in_thread(logs, **kwargs) -> MonitorServer:
 
 # %% ../../nbs/67c_monitor.server.ipynb #57a2d364
 def monitor_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro monitor",
-                                description="Serve a local web page that follows the runs under a logs folder "
-                                            "(testbed metrics.jsonl and AReaL 1.0.4 logs): accuracy, reward, DIS, "
-                                            "critic health and oom / nan / stalled / crashed / finished flags, live.")
-    p.add_argument("--logs", default="runs", help="logs folder: a runs tree, one run folder, or an AReaL logs folder (default: runs)")
-    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT}; 0 picks a free port)")
-    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}); any other address "
-                                                        f"needs {KEY_ENV} in the environment, and every request must then carry it")
-    p.add_argument("--stall-minutes", type=float, default=10.0, help="flag a run `stalled` after this many minutes without a new step")
+    p = argparse.ArgumentParser(
+        prog="sao-repro monitor",
+        description="Serve a local web page that follows the runs under a logs folder "
+        "(testbed metrics.jsonl and AReaL 1.0.4 logs): accuracy, reward, DIS, "
+        "critic health and oom / nan / stalled / crashed / finished flags, live.",
+    )
+    p.add_argument(
+        "--logs",
+        default="runs",
+        help="logs folder: a runs tree, one run folder, or an AReaL logs folder (default: runs)",
+    )
+    p.add_argument(
+        "--port",
+        type=port_arg,
+        default=DEFAULT_PORT,
+        help=f"port to listen on (default: {DEFAULT_PORT}; 0 picks a free port)",
+    )
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to bind (default: {DEFAULT_HOST}); any other address "
+        f"needs {KEY_ENV} in the environment, and every request must then carry it",
+    )
+    p.add_argument(
+        "--stall-minutes",
+        type=float,
+        default=10.0,
+        help="flag a run `stalled` after this many minutes without a new step",
+    )
     p.add_argument("--refresh", type=float, default=1.0, help="re-read the logs at most every this many seconds")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return p
 
 # %% ../../nbs/67c_monitor.server.ipynb #6550ffd6
-def monitor_main(argv:list[str]|None=None) -> int:
+def monitor_main(argv: list[str] | None = None) -> int:
     "Entry point of `sao-repro monitor`; returns the exit code."
     args = monitor_parser().parse_args(argv)
     key = os.environ.get(KEY_ENV) or None

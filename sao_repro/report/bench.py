@@ -23,55 +23,100 @@ from ..settings import get_setting, list_settings
 __all__ = ['BENCH_SOURCES', 'fake_step', 'fabricate_runs', 'bench_report', 'format_bench', 'bench_parser', 'main']
 
 # %% ../../nbs/78_report.bench.ipynb #b3a10006
-def fake_step(spec:dict, # the setting (`Setting.to_dict()`)
-              step:int, steps:int, # this step of a run of `steps` steps
-              eval_every:int, # held-out evaluations after step 1, every `eval_every` steps and after the last
-              rng:random.Random,
-             ) -> dict:
+def fake_step(
+    spec: dict,  # the setting (`Setting.to_dict()`)
+    step: int,
+    steps: int,  # this step of a run of `steps` steps
+    eval_every: int,  # held-out evaluations after step 1, every `eval_every` steps and after the last
+    rng: random.Random,
+) -> dict:
     "One `metrics.jsonl` record with the testbed's keys and random values."
     x = step / max(1, steps)
     acc = min(1.0, max(0.0, 0.3 + 0.3 * (1 - math.exp(-4 * x)) + rng.gauss(0, 0.05)))
     n, lag = 64, min(3, step - 1)
     c = round(acc * n)
-    m = {"step": step, "actor/loss": rng.gauss(0, 0.05), "actor/clip_frac": 0.4 * rng.random(), "actor/approx_kl": 0.3 * rng.random(),
-         "actor/kept_tokens": 40.0, "actor/grad_norm": abs(rng.gauss(1, 0.5)), "actor/updated": 1, "actor/n_updates": 1,
-         "acc": c / n, "reward/mean": c / n, "rollout/n_correct": float(c), "rollout/n_incorrect": float(n - c),
-         "rollout/policy_lag": lag, "rollout/resp_len": 2 + rng.random(), "rollout/truncated_frac": 0.0,
-         "adv/mean": rng.gauss(0, 1e-3), "adv/std": 1.0, "adv/max": 1.5, "adv/lambda_mean": 1.0,
-         "dis/nonfinite_frac": 0.0, "dis/ratio_p01": 0.3, "dis/ratio_p50": 1.0, "dis/ratio_p99": 5.0, "dis/logp_abs_diff": 0.4,
-         "mismatch/lag_mean": float(lag), "mismatch/lag_max": float(lag), "mismatch/current_frac": float(lag == 0),
-         "mismatch/k3_kl_all": abs(rng.gauss(0.2, 0.02)), "mismatch/ess": 0.5, "mismatch/ratio_min": 0.28,
-         "mismatch/ratio_max": 6.0, "perf/step_s": 0.01}
+    m = {
+        "step": step,
+        "actor/loss": rng.gauss(0, 0.05),
+        "actor/clip_frac": 0.4 * rng.random(),
+        "actor/approx_kl": 0.3 * rng.random(),
+        "actor/kept_tokens": 40.0,
+        "actor/grad_norm": abs(rng.gauss(1, 0.5)),
+        "actor/updated": 1,
+        "actor/n_updates": 1,
+        "acc": c / n,
+        "reward/mean": c / n,
+        "rollout/n_correct": float(c),
+        "rollout/n_incorrect": float(n - c),
+        "rollout/policy_lag": lag,
+        "rollout/resp_len": 2 + rng.random(),
+        "rollout/truncated_frac": 0.0,
+        "adv/mean": rng.gauss(0, 1e-3),
+        "adv/std": 1.0,
+        "adv/max": 1.5,
+        "adv/lambda_mean": 1.0,
+        "dis/nonfinite_frac": 0.0,
+        "dis/ratio_p01": 0.3,
+        "dis/ratio_p50": 1.0,
+        "dis/ratio_p99": 5.0,
+        "dis/logp_abs_diff": 0.4,
+        "mismatch/lag_mean": float(lag),
+        "mismatch/lag_max": float(lag),
+        "mismatch/current_frac": float(lag == 0),
+        "mismatch/k3_kl_all": abs(rng.gauss(0.2, 0.02)),
+        "mismatch/ess": 0.5,
+        "mismatch/ratio_min": 0.28,
+        "mismatch/ratio_max": 6.0,
+        "perf/step_s": 0.01,
+    }
     if lag == 0:
         m["mismatch/k3_kl"] = abs(rng.gauss(0.15, 0.02))
     if spec.get("dis_band"):
         lo, hi = abs(rng.gauss(0.03, 0.01)), abs(rng.gauss(0.01, 0.005))
         m |= {"dis/kept_frac": 1 - lo - hi, "dis/masked_below_frac": lo, "dis/masked_above_frac": hi}
     if spec.get("critic"):
-        m |= {"critic/value_loss": 0.25 * math.exp(-2 * x), "critic/explained_var": 0.6 * (1 - math.exp(-3 * x)),
-              "critic/grad_norm": abs(rng.gauss(0.5, 0.1))}
+        m |= {
+            "critic/value_loss": 0.25 * math.exp(-2 * x),
+            "critic/explained_var": 0.6 * (1 - math.exp(-3 * x)),
+            "critic/grad_norm": abs(rng.gauss(0.5, 0.1)),
+        }
     if step == 1 or step % eval_every == 0 or step == steps:
         m["eval/acc"] = min(1.0, max(0.0, acc + rng.gauss(0, 0.02)))
     return m
 
-def fabricate_runs(root, # the runs folder to write into
-                   n:int, # how many run folders
-                   steps:int=40, # steps per run
-                   seed:int=0, # of the random values
-                   settings:list[str]|None=None, # in turn (default: every registered setting)
-                  ) -> Path:
+
+def fabricate_runs(
+    root,  # the runs folder to write into
+    n: int,  # how many run folders
+    steps: int = 40,  # steps per run
+    seed: int = 0,  # of the random values
+    settings: list[str] | None = None,  # in turn (default: every registered setting)
+) -> Path:
     "`n` made-up testbed run folders below `root` (config.json, metrics.jsonl); returns `root`."
     rng, names = random.Random(seed), list(settings or list_settings())
     for i in range(n):
         s, k = names[i % len(names)], i // len(names)
-        d = Path(root)/"mini"/s/f"seed{k}"
+        d = Path(root) / "mini" / s / f"seed{k}"
         d.mkdir(parents=True, exist_ok=True)
         cfg = MiniRunConfig(setting=s, seed=k, steps=steps, out=str(root))
         spec = get_setting(s).to_dict()
-        (d/"config.json").write_text(json.dumps({**asdict(cfg), "setting_spec": spec, "critic_source": None,
-            "warm_start": {"model": {"vocab_size": 16, "d_model": 32, "n_layers": 1, "n_heads": 2}, "heldout_sampled_acc": 0.2}}, indent=1))
-        (d/"metrics.jsonl").write_text("".join(json.dumps(fake_step(spec, t, steps, cfg.eval_every, rng)) + "\n"
-                                              for t in range(1, steps + 1)))
+        (d / "config.json").write_text(
+            json.dumps(
+                {
+                    **asdict(cfg),
+                    "setting_spec": spec,
+                    "critic_source": None,
+                    "warm_start": {
+                        "model": {"vocab_size": 16, "d_model": 32, "n_layers": 1, "n_heads": 2},
+                        "heldout_sampled_acc": 0.2,
+                    },
+                },
+                indent=1,
+            )
+        )
+        (d / "metrics.jsonl").write_text(
+            "".join(json.dumps(fake_step(spec, t, steps, cfg.eval_every, rng)) + "\n" for t in range(1, steps + 1))
+        )
     return Path(root)
 
 # %% ../../nbs/78_report.bench.ipynb #b3a10009
@@ -81,59 +126,102 @@ def _clock(fn) -> float:
         fn()
     return time.perf_counter() - t
 
+
 def _figures(runs):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sao_repro.report.figures import fig_accuracy, fig_critic, fig_dis
     from sao_repro.report.tables import load_runs
+
     df = load_runs(runs)[0]
+
     def draw():
         for f in (fig_accuracy, fig_dis, fig_critic):
             f(df).savefig(io.BytesIO(), format="png", dpi=200)  # at the report's resolution
         plt.close("all")
+
     return draw
 
-def bench_report(sizes=(200, 2000), # numbers of run folders
-                 steps:int=40, # steps per run
-                ) -> list[dict]:
+
+def bench_report(
+    sizes=(200, 2000),  # numbers of run folders
+    steps: int = 40,  # steps per run
+) -> list[dict]:
     "Time the report, its reading and its figures on `sizes` fabricated runs; returns one row per size."
     from sao_repro.report import render_report
     from sao_repro.report.tables import load_runs
+
     with tempfile.TemporaryDirectory() as td:  # imports and the first kernel start out of the timings
-        _clock(lambda: render_report(fabricate_runs(Path(td)/"runs", 5, 5), Path(td)/"out", "html", engine="nbconvert",
-                                     log=lambda *a: None))
+        _clock(
+            lambda: render_report(
+                fabricate_runs(Path(td) / "runs", 5, 5),
+                Path(td) / "out",
+                "html",
+                engine="nbconvert",
+                log=lambda *a: None,
+            )
+        )
     rows = []
     for n in sizes:
         with tempfile.TemporaryDirectory() as td:
-            runs = fabricate_runs(Path(td)/"runs", n, steps)
-            report = _clock(lambda: render_report(runs, Path(td)/"out", "html", force=True, engine="nbconvert", log=lambda *a: None))
+            runs = fabricate_runs(Path(td) / "runs", n, steps)
+            report = _clock(
+                lambda: render_report(
+                    runs, Path(td) / "out", "html", force=True, engine="nbconvert", log=lambda *a: None
+                )
+            )
             read = _clock(lambda: load_runs(runs))
             figures = _clock(_figures(runs))
-        rows.append({"runs": n, "report_s": report, "read_s": read, "figures_s": figures, "report_s_per_run": report / n})
+        rows.append(
+            {"runs": n, "report_s": report, "read_s": read, "figures_s": figures, "report_s_per_run": report / n}
+        )
     for r in rows:
         r["ratio"] = r["report_s_per_run"] / rows[0]["report_s_per_run"]
     return rows
 
-def format_bench(rows:list[dict], steps:int) -> str:
+
+def format_bench(rows: list[dict], steps: int) -> str:
     "The benchmark's table (Markdown)."
-    out = [f"| runs ({steps} steps each) | report s | reading s | figures s | report s per run | ratio |", "|---|---|---|---|---|---|"]
-    out += [f"| {r['runs']} | {r['report_s']:.1f} | {r['read_s']:.1f} | {r['figures_s']:.1f} | {r['report_s_per_run']:.4f} | "
-            f"{r['ratio']:.2f} |" for r in rows]
+    out = [
+        f"| runs ({steps} steps each) | report s | reading s | figures s | report s per run | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {r['runs']} | {r['report_s']:.1f} | {r['read_s']:.1f} | {r['figures_s']:.1f} | {r['report_s_per_run']:.4f} | "
+        f"{r['ratio']:.2f} |"
+        for r in rows
+    ]
     return "\n".join(out)
 
 # %% ../../nbs/78_report.bench.ipynb #b3a10010
-BENCH_SOURCES = ["sao_repro/report", "sao_repro/metrics", "sao_repro/runlog.py", "sao_repro/stats.py", "report/math_hard_report.ipynb"]
+BENCH_SOURCES = [
+    "sao_repro/report",
+    "sao_repro/metrics",
+    "sao_repro/runlog.py",
+    "sao_repro/stats.py",
+    "report/math_hard_report.ipynb",
+]
+
 
 def bench_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sao_repro.bench report",
-                                description="Time `sao-repro report` on fabricated run folders at several sizes, side by side.")
+    p = argparse.ArgumentParser(
+        prog="python -m sao_repro.bench report",
+        description="Time `sao-repro report` on fabricated run folders at several sizes, side by side.",
+    )
     p.add_argument("--runs", default="200,2000", help="comma-separated numbers of run folders (default 200,2000)")
     p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
-    p.add_argument("--record", default=None, metavar="JSON", help="also save the table as a results file, e.g. nbs/results/report_bench.json")
+    p.add_argument(
+        "--record",
+        default=None,
+        metavar="JSON",
+        help="also save the table as a results file, e.g. nbs/results/report_bench.json",
+    )
     return p
 
-def main(argv:list[str]|None=None) -> int:
+
+def main(argv: list[str] | None = None) -> int:
     "`python -m sao_repro.bench report [--runs 200,2000] [--steps 40] [--record JSON]`."
     p = bench_parser()
     a = p.parse_args(argv)
@@ -143,12 +231,16 @@ def main(argv:list[str]|None=None) -> int:
         p.error(f"--runs {a.runs!r}: comma-separated numbers of runs, e.g. 200,2000")
     if not sizes or min(sizes) < 1 or a.steps < 1:
         p.error("--runs needs numbers >= 1 and --steps >= 1")
-    command = "python -m sao_repro.bench report" + "".join(f" {f} {v}" for f, v, d in (("--runs", a.runs, "200,2000"),
-                                                                                         ("--steps", a.steps, 40)) if v != d)
+    command = "python -m sao_repro.bench report" + "".join(
+        f" {f} {v}" for f, v, d in (("--runs", a.runs, "200,2000"), ("--steps", a.steps, 40)) if v != d
+    )
     table = format_bench(bench_report(sizes, a.steps), a.steps)
     print(f"{command}\n\n{table}")
     if a.record:
         from sao_repro.results import record
-        record(a.record, command + f" --record {a.record}", BENCH_SOURCES, f"`{command}` (this 2-core machine):\n\n{table}")
+
+        record(
+            a.record, command + f" --record {a.record}", BENCH_SOURCES, f"`{command}` (this 2-core machine):\n\n{table}"
+        )
         print(f"recorded: {a.record}")
     return 0

@@ -23,9 +23,20 @@ from ..runlog import utf8_name
 from ..nbrun import run_notebook
 from .tables import load_runs, numbers_table, run_summary, runs_table
 from .text import display_path, report_base, report_title
-from .render import (
-    REPORT_NAME, REPORT_NB, chromium_missing, find_chromium, html_to_pdf, is_blank, notebook_to_html, quarto_html,
-    report_formats, screenshot, set_notebook_title, shrink_png)
+from sao_repro.report.render import (
+    REPORT_NAME,
+    REPORT_NB,
+    chromium_missing,
+    find_chromium,
+    html_to_pdf,
+    is_blank,
+    notebook_to_html,
+    quarto_html,
+    report_formats,
+    screenshot,
+    set_notebook_title,
+    shrink_png,
+)
 
 # %% auto #0
 __all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebook', 'execute_report', 'text_path',
@@ -34,20 +45,24 @@ __all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebo
 # %% ../../nbs/76a_report.build.ipynb #2b7fc3a6
 INPUT_FILES = ("metrics.jsonl", "config.json", "main.log", "merged.log")
 
-def input_files(root, # a runs folder
-                names=INPUT_FILES, # the file names to list
-               ) -> list[Path]:
+
+def input_files(
+    root,  # a runs folder
+    names=INPUT_FILES,  # the file names to list
+) -> list[Path]:
     "The files called one of `names` below `root`, sorted, outside `checkpoints/`; folders not UTF-8 skipped with a warning."
     found = []
     for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if x != "checkpoints" and utf8_name(Path(d)/x)]
-        found += [Path(d)/f for f in files if f in names and (Path(d)/f).is_file()]
+        dirs[:] = [x for x in dirs if x != "checkpoints" and utf8_name(Path(d) / x)]
+        found += [Path(d) / f for f in files if f in names and (Path(d) / f).is_file()]
     return sorted(found)
 
-def runs_fingerprint(runs, # runs folder
-                     extra:list|None=None, # further files that shape the output (report notebook, source modules)
-                     params:dict|None=None, # parameters of the render
-                    ) -> str:
+
+def runs_fingerprint(
+    runs,  # runs folder
+    extra: list | None = None,  # further files that shape the output (report notebook, source modules)
+    params: dict | None = None,  # parameters of the render
+) -> str:
     "sha256 over the runs' input files (names and contents), `extra` files and `params`."
     h = hashlib.sha256(json.dumps(params or {}, sort_keys=True, default=str).encode())
     root = Path(runs)
@@ -62,37 +77,59 @@ def runs_fingerprint(runs, # runs folder
 def find_report_notebook() -> Path:
     "report/math_hard_report.ipynb of this checkout (or of the current directory)."
     import sao_repro
+
     for base in (Path(sao_repro.__file__).resolve().parent.parent, Path.cwd()):
-        p = base/REPORT_NB
+        p = base / REPORT_NB
         if p.exists():
             return p
-    raise FileNotFoundError(f"{REPORT_NB} not found next to the package or in the current directory; "
-                            "run from the repository root or pass --notebook")
+    raise FileNotFoundError(
+        f"{REPORT_NB} not found next to the package or in the current directory; "
+        "run from the repository root or pass --notebook"
+    )
 
-def execute_report(notebook:Path, out_nb:Path, params:dict, timeout:int=600) -> Path:
+
+def execute_report(notebook: Path, out_nb: Path, params: dict, timeout: int = 600) -> Path:
     "Execute the report notebook with papermill into `out_nb`."
     return run_notebook(notebook, out_nb, params, cwd=Path(notebook).parent, execution_timeout=timeout)
 
 # %% ../../nbs/76a_report.build.ipynb #3082cf23
 def _source_files() -> list[str]:
     "The modules that shape the report's content (part of its fingerprint)."
-    mods = ("report", "report.build", "report.tables", "report.text", "report.figures", "report.render", "stats", "metrics")
+    mods = (
+        "report",
+        "report.build",
+        "report.tables",
+        "report.text",
+        "report.figures",
+        "report.render",
+        "stats",
+        "metrics",
+    )
     return [importlib.import_module(f"sao_repro.{m}").__file__ for m in mods]
 
-def text_path(p, # a path the report is given
-              flag:str, # the option that gave it, for the error
-             ) -> Path:
+
+def text_path(
+    p,  # a path the report is given
+    flag: str,  # the option that gave it, for the error
+) -> Path:
     "`p`, or a ValueError naming it when its absolute path is not UTF-8 (the report passes every path on as text)."
     try:
         str(Path(p).resolve()).encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"{flag} {os.fsencode(p)!r}: the path is not UTF-8; rename it (or the folder above it whose name "
-                         "is not) and build the report again") from None
+        raise ValueError(
+            f"{flag} {os.fsencode(p)!r}: the path is not UTF-8; rename it (or the folder above it whose name "
+            "is not) and build the report again"
+        ) from None
     return Path(p)
 
-def write_numbers(runs, path:Path, start_steps:int=50, end_steps:int=50,
-                  loaded:tuple|None=None, # `load_runs(runs)` when already loaded
-                 ) -> pd.DataFrame:
+
+def write_numbers(
+    runs,
+    path: Path,
+    start_steps: int = 50,
+    end_steps: int = 50,
+    loaded: tuple | None = None,  # `load_runs(runs)` when already loaded
+) -> pd.DataFrame:
     "The numbers table as JSON (one object per backend x setting)."
     df, runs_df = loaded or load_runs(runs)
     nt = numbers_table(run_summary(df, runs_df, start_steps, end_steps))
@@ -105,31 +142,46 @@ def sweep_result_files(sweeps) -> list[Path]:
     return [] if sweeps is None else sorted(Path(sweeps).glob("*/results.json"))
 
 # %% ../../nbs/76a_report.build.ipynb #6b20751e
-def render_report(runs="runs", # runs folder
-                  out="_report", # output folder
-                  formats=None, # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where headless Chromium is found
-                  force:bool=False, # re-execute even when the inputs are unchanged
-                  notebook=None, # report notebook (default report/math_hard_report.ipynb)
-                  start_steps:int=50, end_steps:int=50, smooth_steps:int=10,
-                  command:str|None=None, # command line shown in the provenance lines
-                  engine:str="auto", # "auto" (quarto when on PATH), "quarto" or "nbconvert"
-                  sweeps=None, # folder of `sao-repro sweep` outputs (<sweeps>/<name>/results.json) for the findings section
-                  log=print) -> dict:
+def render_report(
+    runs="runs",  # runs folder
+    out="_report",  # output folder
+    formats=None,  # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where headless Chromium is found
+    force: bool = False,  # re-execute even when the inputs are unchanged
+    notebook=None,  # report notebook (default report/math_hard_report.ipynb)
+    start_steps: int = 50,
+    end_steps: int = 50,
+    smooth_steps: int = 10,
+    command: str | None = None,  # command line shown in the provenance lines
+    engine: str = "auto",  # "auto" (quarto when on PATH), "quarto" or "nbconvert"
+    sweeps=None,  # folder of `sao-repro sweep` outputs (<sweeps>/<name>/results.json) for the findings section
+    log=print,
+) -> dict:
     "Build the report from `runs` into `out`; returns the output paths and whether they were reused."
     formats, note = report_formats(formats)  # a PDF asked for without Chromium fails here, before anything is built
     runs, out = text_path(runs, "--runs"), text_path(out, "--out")
     nb = Path(notebook) if notebook else find_report_notebook()
     if not find_runs(runs):
         load_runs(runs)  # a missing folder: its error names it
-        raise FileNotFoundError(f"no run folders (metrics.jsonl, config.json) under {runs}; "
-                                f"make runs with `sao-repro compare --out {runs}` first")
+        raise FileNotFoundError(
+            f"no run folders (metrics.jsonl, config.json) under {runs}; "
+            f"make runs with `sao-repro compare --out {runs}` first"
+        )
     out = output_dir(out, "--out")  # a file there is a one-line error; the folder is made if missing
     for link in drop_links(out):  # a link planted in the folder would make a write land where it points
         log(f"report: removed the link {link} (an output is never written through a link)")
     base = report_base(runs)  # every path the report shows is relative to it: never a home or temporary folder
-    command = command or f"sao-repro report --runs {shlex.quote(display_path(runs, base))} --out {shlex.quote(display_path(out, base))}"
-    params = {"runs_dir": str(runs.resolve()), "runs_label": display_path(runs, base), "start_steps": start_steps,
-              "end_steps": end_steps, "smooth_steps": smooth_steps, "command": command}
+    command = (
+        command
+        or f"sao-repro report --runs {shlex.quote(display_path(runs, base))} --out {shlex.quote(display_path(out, base))}"
+    )
+    params = {
+        "runs_dir": str(runs.resolve()),
+        "runs_label": display_path(runs, base),
+        "start_steps": start_steps,
+        "end_steps": end_steps,
+        "smooth_steps": smooth_steps,
+        "command": command,
+    }
     results = sweep_result_files(sweeps)
     if sweeps is not None:
         if not results:
@@ -137,13 +189,24 @@ def render_report(runs="runs", # runs folder
         params.update({"sweeps_dir": str(Path(sweeps).resolve()), "sweeps_label": display_path(sweeps, base)})
     use_quarto = bool(engine == "quarto" or (engine == "auto" and shutil.which("quarto")))
     sweep_runs = [m for r in results for m in input_files(r.parent, ("metrics.jsonl",))]
-    key = runs_fingerprint(runs, [nb, *_source_files(), *results, *sweep_runs],  # sweep figures read the sweeps' runs
-                           {**{k: v for k, v in params.items() if k not in ("runs_dir", "sweeps_dir")}, "quarto": use_quarto})
-    paths = {"notebook": out/f"{REPORT_NAME}.ipynb", "html": out/f"{REPORT_NAME}.html",
-             "pdf": out/f"{REPORT_NAME}.pdf", "numbers": out/"numbers.json"}
-    stamp = out/".report_key"
-    fresh = (not force and stamp.exists() and stamp.read_text() == key
-             and all(paths[k].exists() for k in ("notebook", "html", "numbers")))
+    key = runs_fingerprint(
+        runs,
+        [nb, *_source_files(), *results, *sweep_runs],  # sweep figures read the sweeps' runs
+        {**{k: v for k, v in params.items() if k not in ("runs_dir", "sweeps_dir")}, "quarto": use_quarto},
+    )
+    paths = {
+        "notebook": out / f"{REPORT_NAME}.ipynb",
+        "html": out / f"{REPORT_NAME}.html",
+        "pdf": out / f"{REPORT_NAME}.pdf",
+        "numbers": out / "numbers.json",
+    }
+    stamp = out / ".report_key"
+    fresh = (
+        not force
+        and stamp.exists()
+        and stamp.read_text() == key
+        and all(paths[k].exists() for k in ("notebook", "html", "numbers"))
+    )
     if fresh:
         log(f"report: inputs unchanged, reused {paths['html']} (use --force to rebuild)")
     else:
@@ -172,28 +235,47 @@ def render_report(runs="runs", # runs folder
 
 # %% ../../nbs/76a_report.build.ipynb #958d7618
 def report_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro report", description="Build the MATH-hard report from a runs folder "
-                                "(never runs experiments): Quarto when on PATH, else papermill + nbconvert into one "
-                                "self-contained HTML file, and a PDF printed by headless Chromium wherever it is found.")
+    p = argparse.ArgumentParser(
+        prog="sao-repro report",
+        description="Build the MATH-hard report from a runs folder "
+        "(never runs experiments): Quarto when on PATH, else papermill + nbconvert into one "
+        "self-contained HTML file, and a PDF printed by headless Chromium wherever it is found.",
+    )
     p.add_argument("--runs", default="runs", help="runs folder <runs>/<backend>/<setting>/seed<S>/ (default runs)")
     p.add_argument("--out", default="_report", help="output folder (default _report)")
-    p.add_argument("--format", default=None, help="comma-separated formats: html, pdf (default: html, plus pdf when "
-                   "headless Chromium is found; asking for pdf without it is an error)")
+    p.add_argument(
+        "--format",
+        default=None,
+        help="comma-separated formats: html, pdf (default: html, plus pdf when "
+        "headless Chromium is found; asking for pdf without it is an error)",
+    )
     p.add_argument("--force", action="store_true", help="re-execute the report even when the runs are unchanged")
     p.add_argument("--notebook", default=None, help=f"report notebook (default {REPORT_NB})")
     p.add_argument("--start-steps", type=int, default=50, help="start window: first N steps of each run (default 50)")
     p.add_argument("--end-steps", type=int, default=50, help="end window: last N steps of each run (default 50)")
     p.add_argument("--smooth", type=int, default=10, help="rolling-mean window of the curves in steps (default 10)")
-    p.add_argument("--engine", default="auto", choices=["auto", "quarto", "nbconvert"],
-                   help="renderer: auto (quarto when on PATH), quarto or nbconvert (default auto)")
-    p.add_argument("--sweeps", default=None, metavar="DIR",
-                   help="also report the testbed findings of the sweeps under DIR (<DIR>/<name>/results.json, e.g. sweeps)")
-    p.add_argument("--screenshot", default=None, metavar="PNG",
-                   help="also save a headless-Chromium screenshot of the HTML (e.g. docs/report.png)")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "quarto", "nbconvert"],
+        help="renderer: auto (quarto when on PATH), quarto or nbconvert (default auto)",
+    )
+    p.add_argument(
+        "--sweeps",
+        default=None,
+        metavar="DIR",
+        help="also report the testbed findings of the sweeps under DIR (<DIR>/<name>/results.json, e.g. sweeps)",
+    )
+    p.add_argument(
+        "--screenshot",
+        default=None,
+        metavar="PNG",
+        help="also save a headless-Chromium screenshot of the HTML (e.g. docs/report.png)",
+    )
     return p
 
 # %% ../../nbs/76a_report.build.ipynb #854c8c77
-def report_main(argv:list[str]|None=None) -> int:
+def report_main(argv: list[str] | None = None) -> int:
     "`sao-repro report`: 0 on success, 1 when the report cannot be built, 2 on bad arguments."
     p = report_parser()
     a = p.parse_args(argv)
@@ -209,9 +291,13 @@ def report_main(argv:list[str]|None=None) -> int:
         return 1
     base = report_base(a.runs)
     cmd = f"sao-repro report --runs {shlex.quote(display_path(a.runs, base))} --out {shlex.quote(display_path(a.out, base))}"
-    for flag, v, default in (("--start-steps", a.start_steps, 50), ("--end-steps", a.end_steps, 50),
-                             ("--smooth", a.smooth, 10), ("--notebook", a.notebook and display_path(a.notebook, base), None),
-                             ("--sweeps", a.sweeps and display_path(a.sweeps, base), None)):
+    for flag, v, default in (
+        ("--start-steps", a.start_steps, 50),
+        ("--end-steps", a.end_steps, 50),
+        ("--smooth", a.smooth, 10),
+        ("--notebook", a.notebook and display_path(a.notebook, base), None),
+        ("--sweeps", a.sweeps and display_path(a.sweeps, base), None),
+    ):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
     try:
         for flag, v in (("--runs", a.runs), ("--out", a.out), ("--sweeps", a.sweeps), ("--notebook", a.notebook)):
@@ -222,8 +308,19 @@ def report_main(argv:list[str]|None=None) -> int:
         print(f"sao-repro report: error: {e}", file=sys.stderr)
         return 2
     try:
-        res = render_report(a.runs, a.out, a.format, a.force, a.notebook, a.start_steps, a.end_steps, a.smooth,
-                            command=cmd, engine=a.engine, sweeps=a.sweeps)
+        res = render_report(
+            a.runs,
+            a.out,
+            a.format,
+            a.force,
+            a.notebook,
+            a.start_steps,
+            a.end_steps,
+            a.smooth,
+            command=cmd,
+            engine=a.engine,
+            sweeps=a.sweeps,
+        )
         if a.screenshot:
             png = shrink_png(screenshot(res["html"], Path(a.screenshot)))
             print(f"report: screenshot {png}" + (" (looks blank!)" if is_blank(png) else ""))

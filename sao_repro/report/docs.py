@@ -38,12 +38,18 @@ def doc_notebooks(root=".") -> list[Path]:
     others = sorted(p for p in nbs.glob("[a-z]*.ipynb") if p.name != "index.ipynb")
     return [p.relative_to(root) for p in numbered + others]
 
+
 def nbdev_site(root=".") -> dict:
     "What nbdev writes into `nbs/nbdev.yml` (output-dir = `doc_path`, title, site-url, repo-url), from pyproject.toml."
     from nbdev.config import get_config
+
     cfg = get_config(Path(root).resolve())
-    return {"output-dir": Path(cfg.doc_path).name, "title": cfg.get("title") or cfg.lib_name,
-            "site-url": f"{cfg.doc_host}{cfg.doc_baseurl}", "repo-url": cfg.git_url}
+    return {
+        "output-dir": Path(cfg.doc_path).name,
+        "title": cfg.get("title") or cfg.lib_name,
+        "site-url": f"{cfg.doc_host}{cfg.doc_baseurl}",
+        "repo-url": cfg.git_url,
+    }
 
 # %% ../../nbs/75_report.docs.ipynb #9680e893
 def quarto_config(root=".") -> dict:
@@ -53,14 +59,28 @@ def quarto_config(root=".") -> dict:
     sidebar.append({"section": "Results", "contents": [REPORT_NB]})
     index = [p for p in ("nbs/index.ipynb",) if Path(root, p).exists()]
     site = nbdev_site(root)
-    return {"project": {"type": "website", "output-dir": site["output-dir"],
-                        "render": index + [nb.as_posix() for nb in nbs] + [REPORT_NB]},
-            "execute": {"freeze": "auto"},
-            "format": {"html": {"theme": "cosmo", "toc": True}},
-            "website": {"title": site["title"], "site-url": site["site-url"], "repo-url": site["repo-url"],
-                        "navbar": {"left": [{"href": p, "text": t} for p, t in
-                                            zip(index + [REPORT_NB], ["Home"] * len(index) + ["MATH-hard report"])]},
-                        "sidebar": {"style": "floating", "contents": sidebar}}}
+    return {
+        "project": {
+            "type": "website",
+            "output-dir": site["output-dir"],
+            "render": index + [nb.as_posix() for nb in nbs] + [REPORT_NB],
+        },
+        "execute": {"freeze": "auto"},
+        "format": {"html": {"theme": "cosmo", "toc": True}},
+        "website": {
+            "title": site["title"],
+            "site-url": site["site-url"],
+            "repo-url": site["repo-url"],
+            "navbar": {
+                "left": [
+                    {"href": p, "text": t}
+                    for p, t in zip(index + [REPORT_NB], ["Home"] * len(index) + ["MATH-hard report"])
+                ]
+            },
+            "sidebar": {"style": "floating", "contents": sidebar},
+        },
+    }
+
 
 def write_quarto_yml(root=".") -> Path:
     "Write `<root>/_quarto.yml` from the notebooks present."
@@ -70,9 +90,10 @@ def write_quarto_yml(root=".") -> Path:
     return p
 
 # %% ../../nbs/75_report.docs.ipynb #5665a084
-def quarto_files(cfg:dict) -> list[str]:
+def quarto_files(cfg: dict) -> list[str]:
     "Every file path `_quarto.yml` names (render list, navbar and sidebar hrefs)."
     out = list(cfg.get("project", {}).get("render", []))
+
     def walk(x):
         if isinstance(x, str):
             out.append(x)
@@ -83,10 +104,12 @@ def quarto_files(cfg:dict) -> list[str]:
             for k in ("href", "contents", "left", "right"):
                 if k in x:
                     walk(x[k])
+
     site = cfg.get("website", {})
     walk(site.get("navbar", {}))
     walk(site.get("sidebar", {}))
     return [f for f in out if not f.startswith(("http:", "https:"))]
+
 
 def check_quarto_yml(root=".") -> list[str]:
     "Problems with `<root>/_quarto.yml` (empty list when it is consistent)."
@@ -99,12 +122,21 @@ def check_quarto_yml(root=".") -> list[str]:
         probs.append("project.type is not 'website'")
     site = nbdev_site(root)
     if cfg.get("project", {}).get("output-dir") != site["output-dir"]:
-        probs.append(f"project.output-dir {cfg.get('project', {}).get('output-dir')!r} != nbdev doc_path {site['output-dir']!r}")
-    probs += [f"website.{k} {cfg.get('website', {}).get(k)!r} != nbdev's {site[k]!r}" for k in ("title", "site-url", "repo-url")
-              if cfg.get("website", {}).get(k) != site[k]]
+        probs.append(
+            f"project.output-dir {cfg.get('project', {}).get('output-dir')!r} != nbdev doc_path {site['output-dir']!r}"
+        )
+    probs += [
+        f"website.{k} {cfg.get('website', {}).get(k)!r} != nbdev's {site[k]!r}"
+        for k in ("title", "site-url", "repo-url")
+        if cfg.get("website", {}).get(k) != site[k]
+    ]
     files = quarto_files(cfg)
     probs += [f"names {f}, which does not exist" for f in files if not Path(root, f).exists()]
-    probs += [f"misses {nb.as_posix()} (run `sao-repro docs --write-quarto-yml`)" for nb in doc_notebooks(root) if nb.as_posix() not in files]
+    probs += [
+        f"misses {nb.as_posix()} (run `sao-repro docs --write-quarto-yml`)"
+        for nb in doc_notebooks(root)
+        if nb.as_posix() not in files
+    ]
     if REPORT_NB not in files:
         probs.append(f"misses the report {REPORT_NB}")
     return probs
@@ -113,24 +145,34 @@ def check_quarto_yml(root=".") -> list[str]:
 class DocsError(RuntimeError):
     "The docs site cannot be built as it should be (a notebook failed to process, no pandoc for its maths)."
 
-def nbdev_notes(caught:list, nbs:Path) -> list[str]:
+
+def nbdev_notes(caught: list, nbs: Path) -> list[str]:
     "One line per warning nbdev gave (`warnings.WarningMessage`s), naming the notebook and cell it quotes, if any."
-    cells = [(f"{p.name} cell {i}", "".join(c.get("source", ""))) for p in sorted(Path(nbs).glob("*.ipynb"))
-             for i, c in enumerate(json.loads(p.read_text(encoding="utf-8")).get("cells", []))]
+    cells = [
+        (f"{p.name} cell {i}", "".join(c.get("source", "")))
+        for p in sorted(Path(nbs).glob("*.ipynb"))
+        for i, c in enumerate(json.loads(p.read_text(encoding="utf-8")).get("cells", []))
+    ]
     out = []
     for w in caught:
         head, _, quoted = str(w.message).partition("\n---\n")
         quoted = quoted.rpartition("\n---")[0].strip()
         where = next((name for name, src in cells if quoted and quoted in src), None)
-        out.append(f"docs: nbdev: {where + ': ' if where else ''}{' '.join(head.split())}"
-                   + (f" (cell {quoted.splitlines()[0][:60]!r})" if quoted and not where else ""))
+        out.append(
+            f"docs: nbdev: {where + ': ' if where else ''}{' '.join(head.split())}"
+            + (f" (cell {quoted.splitlines()[0][:60]!r})" if quoted and not where else "")
+        )
     return list(dict.fromkeys(out))
 
-def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
-                 names:list[str]|None=None, # notebook file names to process (default: all)
-                 log=print) -> dict[str, Path]:
+
+def process_docs(
+    root=".",  # repository root (holds nbs/ and pyproject.toml)
+    names: list[str] | None = None,  # notebook file names to process (default: all)
+    log=print,
+) -> dict[str, Path]:
     "Process notebooks with nbdev's `proc_nbs` (what `nbdev-proc-nbs` and `nbdev-docs` run) into `<root>/_proc`."
     from nbdev.serve import proc_nbs
+
     nbs = Path(root, "nbs").resolve()
     pat = "|".join(fnmatch.translate(n) for n in names) if names else ""
     with warnings.catch_warnings(record=True) as caught:  # nbdev's warnings are blocks quoting a cell: one line each
@@ -145,16 +187,21 @@ def process_docs(root=".", # repository root (holds nbs/ and pyproject.toml)
 # %% ../../nbs/75_report.docs.ipynb #f111c0d2
 RESULT_CALL = re.compile(r"""^\s*results\.show\(\s*["']([\w.-]+)["']\s*\)\s*$""", flags=re.M)
 
-def fill_results(nb, # a notebook (nbformat)
-                 root=".", # the repository root, holding nbs/results/ and report/results/
-                ):
+
+def fill_results(
+    nb,  # a notebook (nbformat)
+    root=".",  # the repository root, holding nbs/results/ and report/results/
+):
     "Give each cell that calls `results.show(NAME)` the result rendered now (with its stale banner) as its output, in place."
     import nbformat
     from sao_repro.results import markdown
+
     for c in nb.cells:
         names = RESULT_CALL.findall(c.source) if c.cell_type == "code" else []
         if names:
-            c.outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": markdown(n, root)}) for n in names]
+            c.outputs = [
+                nbformat.v4.new_output("display_data", data={"text/markdown": markdown(n, root)}) for n in names
+            ]
     return nb
 
 # %% ../../nbs/75_report.docs.ipynb #13449576
@@ -169,7 +216,8 @@ SIDEBAR_CSS = """@media screen and (min-width: 960px) {
 }
 @media print { .sao-nav { display: none; } }"""
 
-def _nav(sections:list[tuple[str, list[tuple[str, str]]]], here:str) -> str:
+
+def _nav(sections: list[tuple[str, list[tuple[str, str]]]], here: str) -> str:
     "The sidebar: a collapsed group per section (the current page's open); `sections` are (name, [(title, href)])."
     parts = []
     for sec, links in sections:
@@ -178,7 +226,8 @@ def _nav(sections:list[tuple[str, list[tuple[str, str]]]], here:str) -> str:
         parts.append(f"<details{opened}><summary>{html.escape(sec)}</summary><ul>{items}</ul></details>")
     return f'<style>{SIDEBAR_CSS}</style><nav class="sao-nav">' + "".join(parts) + "</nav>"
 
-def _html_links(nb, names:set[str]):
+
+def _html_links(nb, names: set[str]):
     "Links to sibling notebooks (`x.ipynb`, as GitHub wants them) pointed at their pages (`x.html`), in place."
     pat = re.compile(r"\]\((?:\.\./nbs/|nbs/)?([\w.-]+)\.ipynb\)")
     fix = lambda s: pat.sub(lambda m: f"]({m.group(1)}.html)" if m.group(1) in names else m.group(0), s)
@@ -194,27 +243,35 @@ def _html_links(nb, names:set[str]):
 MATH_RE = re.compile(r"\$\$(.+?)\$\$|(?<![\\$\w])\$(?=\S)([^$\n]+?)(?<=\S)\$(?![\w$])", flags=re.S)
 CODE_RE = re.compile(r"(```.*?```|~~~.*?~~~|`[^`\n]*`)", flags=re.S)
 
-def find_pandoc() -> str|None:
+
+def find_pandoc() -> str | None:
     "A pandoc executable: on PATH, else the one `pypandoc-binary` ships; None when neither is there."
     exe = shutil.which("pandoc")
     if exe:
         return exe
     try:
         import pypandoc
+
         return pypandoc.get_pandoc_path()
     except (ImportError, OSError):
         return None
 
-def latex_to_mathml(snippets:list[tuple[str, bool]]) -> list[str]:
-    "MathML for each (LaTeX, display?) with one pandoc run; display maths as `<math display=\"block\">`."
+
+def latex_to_mathml(snippets: list[tuple[str, bool]]) -> list[str]:
+    'MathML for each (LaTeX, display?) with one pandoc run; display maths as `<math display="block">`.'
     import subprocess
+
     if not snippets:
         return []
     exe = find_pandoc()
     if exe is None:
-        raise DocsError("the docs have maths and no pandoc is installed: pip install pypandoc-binary (or apt-get install pandoc)")
+        raise DocsError(
+            "the docs have maths and no pandoc is installed: pip install pypandoc-binary (or apt-get install pandoc)"
+        )
     doc = "\n\n".join(f"$${s}$$" if disp else f"${s}$" for s, disp in snippets)
-    r = subprocess.run([exe, "-f", "markdown", "-t", "html", "--mathml"], input=doc, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [exe, "-f", "markdown", "-t", "html", "--mathml"], input=doc, capture_output=True, text=True, timeout=120
+    )
     if r.returncode:
         raise DocsError(f"pandoc failed on the maths: {r.stderr.strip()[-400:]}")
     out = [m.group(1) for m in re.finditer(r"<p>(.*?)</p>", r.stdout, flags=re.S)]
@@ -222,32 +279,50 @@ def latex_to_mathml(snippets:list[tuple[str, bool]]) -> list[str]:
         raise DocsError(f"pandoc gave {len(out)} formulas for {len(snippets)}")
     bad = [f"${t}$" for (t, _), o in zip(snippets, out) if "<math" not in o]
     if bad:  # pandoc leaves what it cannot read as LaTeX: the page would show it raw
-        raise DocsError(f"pandoc cannot read the maths {', '.join(bad[:5])}: write it in LaTeX that pandoc (texmath) reads")
+        raise DocsError(
+            f"pandoc cannot read the maths {', '.join(bad[:5])}: write it in LaTeX that pandoc (texmath) reads"
+        )
     return [" ".join(o.split()) for o in out]
 
-import secrets
-SLOT_TAG = "SAOMATH" + secrets.token_hex(6).upper()  # placeholders: plain words markdown leaves alone, unlike any page text
 
-def mathml_markdown(md:str, slots:dict|None=None) -> str:
+import secrets
+
+SLOT_TAG = (
+    "SAOMATH" + secrets.token_hex(6).upper()
+)  # placeholders: plain words markdown leaves alone, unlike any page text
+
+
+def mathml_markdown(md: str, slots: dict | None = None) -> str:
     "Markdown with its `$...$` / `$$...$$` maths (outside code) as MathML; with `slots`, inline maths as placeholders."
     parts = CODE_RE.split(md)  # odd items: code, left alone
-    found = [(m.group(1) or m.group(2), m.group(1) is not None) for i, t in enumerate(parts) if i % 2 == 0
-             for m in MATH_RE.finditer(t)]
+    found = [
+        (m.group(1) or m.group(2), m.group(1) is not None)
+        for i, t in enumerate(parts)
+        if i % 2 == 0
+        for m in MATH_RE.finditer(t)
+    ]
     if not found:
         return md
     it = iter(latex_to_mathml(found))
+
     def inline(mathml):
         if slots is None:
             return mathml
         key = f"{SLOT_TAG}X{len(slots):05d}Z"
         slots[key] = mathml
         return key
+
     for i in range(0, len(parts), 2):
-        parts[i] = MATH_RE.sub(lambda m: (f"\n\n<div class=\"math-display\">{next(it)}</div>\n\n" if m.group(1) is not None
-                                          else inline(next(it))), parts[i])
+        parts[i] = MATH_RE.sub(
+            lambda m: (
+                f'\n\n<div class="math-display">{next(it)}</div>\n\n' if m.group(1) is not None else inline(next(it))
+            ),
+            parts[i],
+        )
     return "".join(parts)
 
-def mathml_nb(nb, slots:dict|None=None):
+
+def mathml_nb(nb, slots: dict | None = None):
     "Every markdown cell's (and markdown output's) maths as MathML, in place (inline maths into `slots`, if given)."
     for c in nb.cells:
         if c.cell_type == "markdown":
@@ -257,7 +332,8 @@ def mathml_nb(nb, slots:dict|None=None):
                 o["data"]["text/markdown"] = mathml_markdown(o["data"]["text/markdown"], slots)
     return nb
 
-def fill_maths(page:Path, slots:dict) -> Path:
+
+def fill_maths(page: Path, slots: dict) -> Path:
     "Put the inline MathML of `slots` into a written page, where nbconvert kept their placeholders."
     slot_re = re.compile(SLOT_TAG + r"X\d{5}Z")
     text = page.read_text(encoding="utf-8")
@@ -271,21 +347,23 @@ def fill_maths(page:Path, slots:dict) -> Path:
     page.write_text(text, encoding="utf-8")
     return page
 
-
 # %% ../../nbs/75_report.docs.ipynb #f1e80fd4
-def build_docs(root=".", # repository root (holds nbs/ and report/)
-               out="_site", # output folder
-               only:list[str]|None=None, # notebook name globs to include (default: every page of `doc_notebooks`)
-               report_html=None, # a rendered report to include (default <root>/_report/math_hard_report.html)
-               log=print) -> list[Path]:
+def build_docs(
+    root=".",  # repository root (holds nbs/ and report/)
+    out="_site",  # output folder
+    only: list[str] | None = None,  # notebook name globs to include (default: every page of `doc_notebooks`)
+    report_html=None,  # a rendered report to include (default <root>/_report/math_hard_report.html)
+    log=print,
+) -> list[Path]:
     "Build the docs site offline (nbdev's processing + nbconvert); returns the pages written."
     import nbformat
+
     root, out = Path(root), output_dir(out, "--out")  # a file there is a one-line error
     for link in drop_links(out):  # a link planted in the folder would make a write land where it points
         log(f"docs: removed the link {link} (a page is never written through a link)")
     nbs = [nb for nb in doc_notebooks(root) if not only or any(fnmatch.fnmatch(nb.name, g) for g in only)]
-    idx = root/"nbs/index.ipynb"
-    srcs = ([idx] if idx.exists() else []) + [root/nb for nb in nbs]
+    idx = root / "nbs/index.ipynb"
+    srcs = ([idx] if idx.exists() else []) + [root / nb for nb in nbs]
     done = process_docs(root, [s.name for s in srcs] if only else None, log)
     work = Path(tempfile.mkdtemp(prefix="sao_docs_"))
     titles, docs = {}, []
@@ -296,7 +374,7 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
         nb.metadata["title"] = page_title(nb, fm, src.stem)  # nbconvert's <title>
         titles[src.relative_to(root).as_posix()] = ("Home" if src == idx else nb.metadata["title"], name)
         docs.append((nb, name, src.name))
-    report_html = Path(report_html) if report_html else root/"_report"/f"{REPORT_NAME}.html"
+    report_html = Path(report_html) if report_html else root / "_report" / f"{REPORT_NAME}.html"
     sections = [("Docs", [titles["nbs/index.ipynb"]] if "nbs/index.ipynb" in titles else [])]
     sections += [(sec, [titles[nb] for nb in files if nb in titles]) for sec, files in doc_sections(root)]
     sections.append(("Results", [("MATH-hard report", f"{REPORT_NAME}.html")]))
@@ -306,29 +384,38 @@ def build_docs(root=".", # repository root (holds nbs/ and report/)
     for k, (nb, name, src_name) in enumerate(docs, 1):
         log(f"docs [{k}/{n}] {src_name} -> {name}")
         slots = {}  # inline MathML goes in after nbconvert, which would split its tags apart
-        nbformat.write(mathml_nb(_html_links(nb, names), slots), str(work/"page.ipynb"))
-        page = fill_maths(notebook_to_html(work/"page.ipynb", out/name, exclude_input=False, nav=_nav(sections, name)), slots)
+        nbformat.write(mathml_nb(_html_links(nb, names), slots), str(work / "page.ipynb"))
+        page = fill_maths(
+            notebook_to_html(work / "page.ipynb", out / name, exclude_input=False, nav=_nav(sections, name)), slots
+        )
         bad = offline_violations(page.read_text(encoding="utf-8"))
         if bad:
             raise DocsError(f"{page}: HTML would load from the network: {bad[:3]}")
         written.append(page)
     nav = _nav(sections, f"{REPORT_NAME}.html")
-    log(f"docs [{n}/{n}] {report_html.name if report_html.exists() else 'report (not built yet)'} -> {REPORT_NAME}.html")
+    log(
+        f"docs [{n}/{n}] {report_html.name if report_html.exists() else 'report (not built yet)'} -> {REPORT_NAME}.html"
+    )
     if report_html.exists():
         page = report_html.read_text(encoding="utf-8")
         page = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, page, count=1)
     else:
-        page = (f"<html><head><title>MATH-hard report</title></head><body>{nav}<h1>MATH-hard report</h1><p>Not built yet: run <code>sao-repro report --runs runs "
-                f"--out _report</code>, then <code>sao-repro docs</code> again.</p></body></html>")
-    (out/f"{REPORT_NAME}.html").write_text(page, encoding="utf-8")
-    written.append(out/f"{REPORT_NAME}.html")
+        page = (
+            f"<html><head><title>MATH-hard report</title></head><body>{nav}<h1>MATH-hard report</h1><p>Not built yet: run <code>sao-repro report --runs runs "
+            f"--out _report</code>, then <code>sao-repro docs</code> again.</p></body></html>"
+        )
+    (out / f"{REPORT_NAME}.html").write_text(page, encoding="utf-8")
+    written.append(out / f"{REPORT_NAME}.html")
     shutil.rmtree(work, ignore_errors=True)
     log(f"docs: wrote {len(written)} pages to {out}")
     return written
 
 # %% ../../nbs/75_report.docs.ipynb #a1d0c002
 README_NB = "nbs/index.ipynb"
-README_HEAD = "<!-- generated from nbs/index.ipynb by `sao-repro docs --readme`: edit the notebook, not this file -->\n\n"
+README_HEAD = (
+    "<!-- generated from nbs/index.ipynb by `sao-repro docs --readme`: edit the notebook, not this file -->\n\n"
+)
+
 
 def _root_link(m) -> str:
     "A markdown link target relative to `nbs/`, made relative to the repository root."
@@ -337,11 +424,13 @@ def _root_link(m) -> str:
         return m.group(0)
     return f"{m.group(1)}({posixpath.normpath(posixpath.join('nbs', target))})"
 
+
 def readme_markdown(root=".") -> str:
     "`README.md`'s text: the index notebook as saved (not re-run), as the docs site shows it, in markdown."
     import nbformat
     from nbconvert import MarkdownExporter
     from traitlets.config import Config
+
     nb, _ = tidy_doc_nb(nbformat.read(str(Path(root, README_NB)), as_version=4))
     shell_cells(nb)  # `!cmd` as the shell command it is
     cfg = Config()
@@ -357,6 +446,7 @@ def run_index(root=".", log=print) -> Path:
     "Run the index notebook and save its outputs (cleaned as `nbdev-clean` does), so the page shows what the commands print."
     from nbdev.clean import nbdev_clean
     from nbdev.test import test_nb
+
     idx = Path(root, README_NB).resolve()
     ok, secs = test_nb(idx, save=True)
     if not ok:
@@ -371,6 +461,7 @@ def run_index(root=".", log=print) -> Path:
     log(f"docs: ran {idx.name} in {secs:.0f} s")
     return idx
 
+
 def write_readme(root=".", execute=True, log=print) -> Path:
     "Write `<root>/README.md` from the index notebook, running it first unless `execute` is False."
     if execute:
@@ -380,9 +471,11 @@ def write_readme(root=".", execute=True, log=print) -> Path:
     log(f"docs: wrote {p} ({len(p.read_text().splitlines())} lines) from {README_NB}")
     return p
 
+
 def readme_problems(root=".") -> list[str]:
     "Why `<root>/README.md` is not what the index notebook gives (empty list when it is)."
     import difflib
+
     p, want = Path(root, "README.md"), readme_markdown(root)
     have = p.read_text(encoding="utf-8") if p.exists() else ""
     if have == want:
@@ -391,18 +484,27 @@ def readme_problems(root=".") -> list[str]:
     return [f"README.md differs from what {README_NB} gives: run `sao-repro docs --readme`"] + diff[2:12]
 
 # %% ../../nbs/75_report.docs.ipynb #3dedc630
-def docs_main(argv:list[str]|None=None) -> int:
+def docs_main(argv: list[str] | None = None) -> int:
     "`sao-repro docs`: build the docs site offline, write / check `_quarto.yml` or README.md. 0 on success, 1 on problems."
-    p = argparse.ArgumentParser(prog="sao-repro docs", description="Build the docs site (notebooks + report) offline "
-                                "into plain HTML, or write / check the root _quarto.yml used by Quarto and nbdev-docs.")
+    p = argparse.ArgumentParser(
+        prog="sao-repro docs",
+        description="Build the docs site (notebooks + report) offline "
+        "into plain HTML, or write / check the root _quarto.yml used by Quarto and nbdev-docs.",
+    )
     p.add_argument("--root", default=".", help="repository root holding nbs/ and report/ (default .)")
     p.add_argument("--out", default="_site", help="output folder of the offline build (default _site)")
     p.add_argument("--only", nargs="*", default=None, metavar="GLOB", help="only these notebooks (e.g. '1*_*.ipynb')")
-    p.add_argument("--report", default=None, help="rendered report HTML to include (default _report/math_hard_report.html)")
+    p.add_argument(
+        "--report", default=None, help="rendered report HTML to include (default _report/math_hard_report.html)"
+    )
     p.add_argument("--write-quarto-yml", action="store_true", help="regenerate _quarto.yml from the notebooks and exit")
-    p.add_argument("--check", action="store_true", help="check _quarto.yml (files exist, all notebooks listed) and exit")
+    p.add_argument(
+        "--check", action="store_true", help="check _quarto.yml (files exist, all notebooks listed) and exit"
+    )
     p.add_argument("--readme", action="store_true", help="run nbs/index.ipynb, then write README.md from it, and exit")
-    p.add_argument("--check-readme", action="store_true", help="check README.md is what nbs/index.ipynb gives, and exit")
+    p.add_argument(
+        "--check-readme", action="store_true", help="check README.md is what nbs/index.ipynb gives, and exit"
+    )
     a = p.parse_args(argv)
     if a.readme:
         write_readme(a.root)
@@ -419,7 +521,9 @@ def docs_main(argv:list[str]|None=None) -> int:
             print(f"_quarto.yml: {pr}", file=sys.stderr)
         return 1 if probs else 0
     if shutil.which("quarto"):
-        print("docs: quarto is on PATH; `nbdev-docs` or `quarto render` build the Quarto site. Building the offline site too.")
+        print(
+            "docs: quarto is on PATH; `nbdev-docs` or `quarto render` build the Quarto site. Building the offline site too."
+        )
     try:
         check_output_dir(a.out, "--out")
     except OutputPathError as e:

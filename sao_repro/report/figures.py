@@ -21,23 +21,33 @@ __all__ = ['COLORS', 'SETTING_STYLES', 'EXTRA_STYLES', 'ERRORBAR', 'EXTREME', 's
 
 # %% ../../nbs/72_report.figures.ipynb #e11ddd0f
 COLORS = SETTING_COLORS  # one palette: the monitor draws with it too (sao_repro.settings.setting_color)
-SETTING_STYLES = {"sao": ("-", "o"), "grpo": ((0, (5, 2)), "s"), "grpo_dis": ((0, (6, 2, 1.5, 2)), "^"),
-                  "running_mean": ((0, (1.2, 1.5)), "D"), "single_dis": ((0, (9, 2, 1.5, 2, 1.5, 2)), "v")}
+SETTING_STYLES = {
+    "sao": ("-", "o"),
+    "grpo": ((0, (5, 2)), "s"),
+    "grpo_dis": ((0, (6, 2, 1.5, 2)), "^"),
+    "running_mean": ((0, (1.2, 1.5)), "D"),
+    "single_dis": ((0, (9, 2, 1.5, 2, 1.5, 2)), "v"),
+}
 EXTRA_STYLES = [((0, (3, 1.5)), "P"), ((0, (7, 3)), "X"), ((0, (1, 3)), "*"), ((0, (4, 1.5, 1, 1.5)), "h")]
 
-def setting_style(name:str) -> tuple:
+
+def setting_style(name: str) -> tuple:
     "(line style, marker) of a setting in every figure (unknown names: a fixed pair per name)."
     if name in SETTING_STYLES:
         return SETTING_STYLES[name]
     return EXTRA_STYLES[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(EXTRA_STYLES)]
 
-def t_interval(values, level:float=0.95) -> tuple[float, float]:
+
+def t_interval(values, level: float = 0.95) -> tuple[float, float]:
     "seaborn `errorbar` callable: mean ± t·sd/√n of `values` (one per seed; NaN with fewer than 2)."
     m, h, _ = mean_ci(list(values), level)
     return m - h, m + h
+
+
 t_interval.band = "95% CI over seeds (mean ± t·sd/√n, Student t)"
 
 ERRORBAR = t_interval  # the figures' default band
+
 
 def band_text(errorbar=ERRORBAR) -> str:
     "What the band of a figure drawn with `errorbar` shows, for its caption."
@@ -59,7 +69,8 @@ def band_text(errorbar=ERRORBAR) -> str:
 # %% ../../nbs/72_report.figures.ipynb #c53b6656
 EXTREME = 1e12  # a drawn value beyond ± this (or ±inf) is clipped and named
 
-def _clip(sel:pd.DataFrame, metric:str, notes:list) -> pd.DataFrame:
+
+def _clip(sel: pd.DataFrame, metric: str, notes: list) -> pd.DataFrame:
     "`sel` with values beyond ±`EXTREME` drawn at ±2x the largest other magnitude; each run clipped is added to `notes`."
     v = sel.value.to_numpy(dtype=float)
     far = ~(np.abs(v) <= EXTREME)
@@ -71,7 +82,8 @@ def _clip(sel:pd.DataFrame, metric:str, notes:list) -> pd.DataFrame:
         notes.append({"metric": metric, "run": run, "clipped": int(n), "limit": float(lim)})
     return sel.assign(value=np.clip(v, -lim, lim))
 
-def _curves(df:pd.DataFrame, metric:str, smooth_steps:int, notes:list|None=None) -> pd.DataFrame:
+
+def _curves(df: pd.DataFrame, metric: str, smooth_steps: int, notes: list | None = None) -> pd.DataFrame:
     "The per-run values of `metric` (clipped, see `EXTREME`; smoothed per run over `smooth_steps` steps): setting, run, step, value."
     sel = df[(df.metric == metric)].dropna(subset=["value"])
     if sel.empty:
@@ -80,14 +92,17 @@ def _curves(df:pd.DataFrame, metric:str, smooth_steps:int, notes:list|None=None)
     sel = smooth(sel, smooth_steps) if smooth_steps > 1 else sel
     return sel[["setting", "run", "step", "value"]].reset_index(drop=True)
 
-def seed_band(curves:pd.DataFrame, # setting, run, step, value: one value per run and step
-              errorbar=ERRORBAR, # the band (see `band_text`)
-             ) -> pd.DataFrame:
+
+def seed_band(
+    curves: pd.DataFrame,  # setting, run, step, value: one value per run and step
+    errorbar=ERRORBAR,  # the band (see `band_text`)
+) -> pd.DataFrame:
     "Per setting and step: `mean` over the runs and the band `lo`..`hi` from `errorbar` (NaN where it has none)."
     g = curves.groupby(["setting", "step"], sort=True).value
     out = g.agg(["mean", "std", "count"]).reset_index()
     if errorbar is t_interval:  # the default, for all groups at once
         from scipy.stats import t as student_t
+
         n = out["count"].to_numpy(dtype=float)
         h = student_t.ppf(0.975, np.where(n > 1, n - 1, np.nan)) * out["std"].to_numpy(dtype=float) / np.sqrt(n)
         out["lo"], out["hi"] = out["mean"] - h, out["mean"] + h
@@ -95,25 +110,38 @@ def seed_band(curves:pd.DataFrame, # setting, run, step, value: one value per ru
         out["lo"] = out["hi"] = np.nan
     else:  # any other seaborn errorbar, computed per group as seaborn.lineplot computes it
         from seaborn._statistics import EstimateAggregator
+
         agg = EstimateAggregator("mean", errorbar)
         b = curves.groupby(["setting", "step"], sort=True)[["value"]].apply(lambda d: agg(d, "value"))
         out["lo"], out["hi"] = b["valuemin"].to_numpy(), b["valuemax"].to_numpy()
     return out[["setting", "step", "mean", "lo", "hi", "count"]]
 
-def _draw(ax, c:pd.DataFrame, names:list[str], errorbar):
+
+def _draw(ax, c: pd.DataFrame, names: list[str], errorbar):
     "One line (the mean) and one band per setting of `names`, from the runs' curves `c`."
     band = seed_band(c, errorbar)
     for i, name in enumerate(names):
         s = band[band.setting == name]
         ls, marker = setting_style(name)
         every = max(1, len(s) // 8)  # about 8 markers per curve, staggered between settings
-        ax.plot(s.step, s["mean"], color=setting_color(name), label=name, linestyle=ls, lw=1.5, marker=marker, ms=4,
-                markevery=(i * every // len(names), every))
+        ax.plot(
+            s.step,
+            s["mean"],
+            color=setting_color(name),
+            label=name,
+            linestyle=ls,
+            lw=1.5,
+            marker=marker,
+            ms=4,
+            markevery=(i * every // len(names), every),
+        )
         ax.fill_between(s.step, s.lo, s.hi, color=setting_color(name), alpha=0.15, lw=0)
 
-def _culprits(rows:pd.DataFrame, metric:str, smooth_steps:int, errorbar) -> list[str]:
+
+def _culprits(rows: pd.DataFrame, metric: str, smooth_steps: int, errorbar) -> list[str]:
     "The runs of `rows` (a tidy frame) whose curve of `metric` alone cannot be drawn (all of them when each can)."
     from matplotlib.figure import Figure
+
     bad = []
     for run, g in rows[rows.metric == metric].groupby("run", sort=True):
         try:
@@ -125,10 +153,14 @@ def _culprits(rows:pd.DataFrame, metric:str, smooth_steps:int, errorbar) -> list
             bad.append(str(run))
     return bad or sorted(map(str, rows[rows.metric == metric].run.unique()))
 
-def _some(runs:list, k:int=3) -> str:
+
+def _some(runs: list, k: int = 3) -> str:
     return ", ".join(map(str, runs[:k])) + (f" and {len(runs) - k} more" if len(runs) > k else "")
 
-def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, settings=None, errorbar=ERRORBAR, notes=None):
+
+def _panel(
+    ax, df: pd.DataFrame, metric: str, title: str, smooth_steps: int, settings=None, errorbar=ERRORBAR, notes=None
+):
     "Draw one metric per setting on `ax` (seed mean, band from `errorbar`); returns the settings drawn, notes added to `notes`."
     notes = [] if notes is None else notes
     before = len(notes)
@@ -145,13 +177,30 @@ def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, setting
         rows = df if settings is None else df[df.setting.isin(settings)]
         runs = _culprits(rows, metric, smooth_steps, errorbar)
         notes.append({"metric": metric, "runs": runs, "error": f"{type(e).__name__}: {e}"[:200]})
-        ax.text(0.5, 0.5, f"{metric} could not be drawn ({type(e).__name__})\nruns: {_some(runs)}", ha="center", va="center",
-                transform=ax.transAxes, fontsize=8, color="#a00", wrap=True)
+        ax.text(
+            0.5,
+            0.5,
+            f"{metric} could not be drawn ({type(e).__name__})\nruns: {_some(runs)}",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=8,
+            color="#a00",
+            wrap=True,
+        )
         names = []
     clipped = [n["run"] for n in notes[before:] if "clipped" in n]
     if clipped:
-        ax.text(0.01, 0.99, f"clipped (values beyond ±{EXTREME:g}): {_some(clipped)}", ha="left", va="top",
-                transform=ax.transAxes, fontsize=6.5, color="#a00")
+        ax.text(
+            0.01,
+            0.99,
+            f"clipped (values beyond ±{EXTREME:g}): {_some(clipped)}",
+            ha="left",
+            va="top",
+            transform=ax.transAxes,
+            fontsize=6.5,
+            color="#a00",
+        )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("")
@@ -160,68 +209,110 @@ def _panel(ax, df:pd.DataFrame, metric:str, title:str, smooth_steps:int, setting
         ax.text(0.5, 0.5, f"no {metric} in these runs", ha="center", va="center", transform=ax.transAxes, fontsize=9)
     return names
 
+
 def _legend(ax, drawn):
     if drawn:
         ax.legend(fontsize=8, handlelength=3.5)
+
 
 def figure_notes(fig) -> str:
     "Markdown naming what a figure clipped or could not draw (its `notes`); empty when nothing."
     lines = []
     for n in getattr(fig, "notes", []):
         if "clipped" in n:
-            lines.append(f"- {md_code(n['metric'])} of {md_code(n['run'])}: {n['clipped']} value(s) beyond ±{EXTREME:g} "
-                         f"(an overflow, not a measurement) drawn clipped at ±{n['limit']:.3g}")
+            lines.append(
+                f"- {md_code(n['metric'])} of {md_code(n['run'])}: {n['clipped']} value(s) beyond ±{EXTREME:g} "
+                f"(an overflow, not a measurement) drawn clipped at ±{n['limit']:.3g}"
+            )
         else:
-            lines.append(f"- {md_code(n['metric'])} could not be drawn ({md_code(n['error'])}); runs: " + ", ".join(map(md_code, n["runs"])))
+            lines.append(
+                f"- {md_code(n['metric'])} could not be drawn ({md_code(n['error'])}); runs: "
+                + ", ".join(map(md_code, n["runs"]))
+            )
     return "**Figure notes:**\n\n" + "\n".join(lines) if lines else ""
 
 # %% ../../nbs/72_report.figures.ipynb #625cf4be
-def fig_accuracy(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+def fig_accuracy(df: pd.DataFrame, smooth_steps: int = 10, errorbar=ERRORBAR):
     "Online accuracy per setting (and held-out `eval/acc` when logged): seed means with `errorbar` bands."
     import matplotlib.pyplot as plt
+
     has_eval = (df.metric == "eval/acc").any()
     fig, axes = plt.subplots(1, 2 if has_eval else 1, figsize=(11 if has_eval else 7, 3.6), squeeze=False)
     fig.notes = []
-    drawn = _panel(axes[0, 0], df, "acc", f"online accuracy (rolling mean, {smooth_steps} steps)", smooth_steps,
-                   errorbar=errorbar, notes=fig.notes)
+    drawn = _panel(
+        axes[0, 0],
+        df,
+        "acc",
+        f"online accuracy (rolling mean, {smooth_steps} steps)",
+        smooth_steps,
+        errorbar=errorbar,
+        notes=fig.notes,
+    )
     axes[0, 0].set_ylabel("accuracy")
     if has_eval:
-        _panel(axes[0, 1], df, "eval/acc", "held-out accuracy (eval/acc, each evaluation)", 1, errorbar=errorbar, notes=fig.notes)
+        _panel(
+            axes[0, 1],
+            df,
+            "eval/acc",
+            "held-out accuracy (eval/acc, each evaluation)",
+            1,
+            errorbar=errorbar,
+            notes=fig.notes,
+        )
     _legend(axes[0, 0], drawn)
     fig.tight_layout()
     return fig
 
-def fig_dis(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+
+def fig_dis(df: pd.DataFrame, smooth_steps: int = 10, errorbar=ERRORBAR):
     "Token fraction masked by DIS (total, below and above the band) for settings that use it: seed means with bands."
     import matplotlib.pyplot as plt
+
     with_dis = [n for n in list_settings() if _setting_spec(n).get("dis_band")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.3), squeeze=False)
     fig.notes = []
-    panels = [("dis/masked_frac", "DIS: masked fraction (total)"), ("dis/masked_below_frac", "masked below the band"),
-              ("dis/masked_above_frac", "masked above the band")]
+    panels = [
+        ("dis/masked_frac", "DIS: masked fraction (total)"),
+        ("dis/masked_below_frac", "masked below the band"),
+        ("dis/masked_above_frac", "masked above the band"),
+    ]
     drawn = [_panel(ax, df, m, t, smooth_steps, with_dis, errorbar, fig.notes) for ax, (m, t) in zip(axes[0], panels)]
     _legend(axes[0, 0], drawn[0])
     fig.tight_layout()
     return fig
 
-def fig_critic(df:pd.DataFrame, smooth_steps:int=10, errorbar=ERRORBAR):
+
+def fig_critic(df: pd.DataFrame, smooth_steps: int = 10, errorbar=ERRORBAR):
     "Critic explained variance and value loss (settings with a critic): seed means with bands."
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.3), squeeze=False)
     fig.notes = []
-    drawn = _panel(axes[0, 0], df, "critic/explained_var", "critic explained variance", smooth_steps, errorbar=errorbar,
-                   notes=fig.notes)
+    drawn = _panel(
+        axes[0, 0],
+        df,
+        "critic/explained_var",
+        "critic explained variance",
+        smooth_steps,
+        errorbar=errorbar,
+        notes=fig.notes,
+    )
     _panel(axes[0, 1], df, "critic/value_loss", "critic value loss", smooth_steps, errorbar=errorbar, notes=fig.notes)
     _legend(axes[0, 0], drawn)
     fig.tight_layout()
     return fig
 
 # %% ../../nbs/72_report.figures.ipynb #de1d9ad7
-def fig_sweep(points:dict, # {point label: tidy metrics frame of that point's runs}, in panel order
-              metric:str="eval/acc", # what to draw (held-out accuracy by default; "acc" for online)
-              smooth_steps:int=1, errorbar=ERRORBAR, ncols:int=3):
+def fig_sweep(
+    points: dict,  # {point label: tidy metrics frame of that point's runs}, in panel order
+    metric: str = "eval/acc",  # what to draw (held-out accuracy by default; "acc" for online)
+    smooth_steps: int = 1,
+    errorbar=ERRORBAR,
+    ncols: int = 3,
+):
     "A sweep's curves: one panel per grid point, `metric` per setting as seed means with `errorbar` bands."
     import matplotlib.pyplot as plt
+
     labels = list(points)
     ncols = max(1, min(ncols, len(labels)))
     nrows = max(1, -(-len(labels) // ncols))
@@ -231,7 +322,7 @@ def fig_sweep(points:dict, # {point label: tidy metrics frame of that point's ru
         drawn = _panel(ax, points[label], metric, label, smooth_steps, errorbar=errorbar, notes=fig.notes)
         if drawn and first is None:
             first = (ax, drawn)
-    for ax in list(axes.flat)[len(labels):]:
+    for ax in list(axes.flat)[len(labels) :]:
         ax.set_visible(False)
     axes[0, 0].set_ylabel(metric)
     if first:

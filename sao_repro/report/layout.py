@@ -22,14 +22,20 @@ __all__ = ['CONTRACT_ID', 'LAYER_NAMES', 'GUIDES', 'layer_contract', 'package_mo
 
 # %% ../../nbs/74_report.layout.ipynb #d9f5ee12
 CONTRACT_ID = "layers"  # the id of the layers contract in [tool.importlinter]
-LAYER_NAMES = {"L3": "the sao-repro command", "L2": "ops: reward, metrics, monitor, report",
-               "L1": "the backends (CPU testbed, AReaL) and the MATH data they read",
-               "L0": "the algorithm and shared basics"}
+LAYER_NAMES = {
+    "L3": "the sao-repro command",
+    "L2": "ops: reward, metrics, monitor, report",
+    "L1": "the backends (CPU testbed, AReaL) and the MATH data they read",
+    "L0": "the algorithm and shared basics",
+}
+
 
 def layer_contract(root=".") -> list[tuple[str, list[str]]]:
     "The layers contract of `<root>/pyproject.toml`, bottom layer first: [(label 'L0'.., [top-level names])]."
     p = Path(root, "pyproject.toml")
-    contracts = tomllib.loads(p.read_text(encoding="utf-8")).get("tool", {}).get("importlinter", {}).get("contracts", [])
+    contracts = (
+        tomllib.loads(p.read_text(encoding="utf-8")).get("tool", {}).get("importlinter", {}).get("contracts", [])
+    )
     c = next((c for c in contracts if c.get("id") == CONTRACT_ID), None)
     if c is None:
         raise ValueError(f"{p}: no [[tool.importlinter.contracts]] with id = {CONTRACT_ID!r}")
@@ -52,12 +58,14 @@ def package_modules(root=".", pkg="sao_repro") -> list[str]:
         out.append(".".join(parts))
     return out
 
-def _first_lines(cells:list) -> tuple[str, str]:
+
+def _first_lines(cells: list) -> tuple[str, str]:
     "Title and subtitle of a notebook: its first markdown cell's `# Title` and `> subtitle` lines."
     md = next(("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"), "")
     title = next((l[2:].strip() for l in md.splitlines() if l.startswith("# ")), "")
     sub = " ".join(l.lstrip("> ").strip() for l in md.splitlines() if l.startswith(">"))
     return title, sub
+
 
 def notebook_pages(root=".") -> list[dict]:
     "Each notebook of `<root>/nbs`: its file, the module it exports (None for a guide), title and subtitle."
@@ -67,7 +75,7 @@ def notebook_pages(root=".") -> list[dict]:
         srcs = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
         mod = next((m.group(1) for s in srcs for m in [re.search(r"^#\|\s*default_exp\s+(\S+)", s, re.M)] if m), None)
         if mod and mod.endswith(".__init__"):
-            mod = mod[:-len(".__init__")]
+            mod = mod[: -len(".__init__")]
         title, sub = _first_lines(cells)
         out.append({"notebook": f"nbs/{nb.name}", "module": mod, "title": title or nb.stem, "subtitle": sub})
     return out
@@ -82,8 +90,10 @@ def module_map(root=".") -> list[dict]:
     for m in package_modules(root):
         top = m.split(".")[0]
         if top not in where:
-            raise ValueError(f"sao_repro.{m}: `{top}` is in no layer; add it to a layer of the {CONTRACT_ID!r} "
-                             "contract in pyproject.toml")
+            raise ValueError(
+                f"sao_repro.{m}: `{top}` is in no layer; add it to a layer of the {CONTRACT_ID!r} "
+                "contract in pyproject.toml"
+            )
         if m not in pages:
             raise ValueError(f"sao_repro.{m}: no notebook in nbs/ has `#| default_exp {m}`")
         rows.append({"layer": where[top], **pages[m]})
@@ -91,23 +101,33 @@ def module_map(root=".") -> list[dict]:
     return sorted(rows, key=lambda r: (order[r["layer"]], r["notebook"]))
 
 # %% ../../nbs/74_report.layout.ipynb #b2ba5a36
-def _gh(nb:str) -> str:
+def _gh(nb: str) -> str:
     return nb
 
-def _cell(text:str) -> str:
+
+def _cell(text: str) -> str:
     "Text safe in a Markdown table cell (a `|` would end the cell)."
     return text.replace("|", "\\|")
+
 
 def module_table(root=".", link=_gh) -> str:
     "The layout page: per layer, a table of its modules with their notebooks' titles and subtitles."
     rows, out = module_map(root), []
     for label, _ in layer_contract(root):
         mine = [r for r in rows if r["layer"] == label]
-        out += [f"### {label}: {LAYER_NAMES.get(label, '')}".rstrip(": "), "", "| module | notebook | what it is |",
-                "|---|---|---|"]
-        out += [f"| `sao_repro.{r['module']}` | [{_cell(r['title'])}]({link(r['notebook'])}) | {_cell(r['subtitle'])} |" for r in mine]
+        out += [
+            f"### {label}: {LAYER_NAMES.get(label, '')}".rstrip(": "),
+            "",
+            "| module | notebook | what it is |",
+            "|---|---|---|",
+        ]
+        out += [
+            f"| `sao_repro.{r['module']}` | [{_cell(r['title'])}]({link(r['notebook'])}) | {_cell(r['subtitle'])} |"
+            for r in mine
+        ]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
 
 def layer_table(root=".", link=_gh) -> str:
     "The README's short form: a row per layer, its top-level modules and packages linked to their first notebook."
@@ -124,6 +144,7 @@ def layer_table(root=".", link=_gh) -> str:
 # %% ../../nbs/74_report.layout.ipynb #d83f019c
 GUIDES = "Guides"
 
+
 def doc_sections(root=".") -> list[tuple[str, list[str]]]:
     "The docs' pages grouped for navigation: the guides (notebooks that export nothing), then each layer top down."
     pages = notebook_pages(root)
@@ -137,9 +158,15 @@ def doc_sections(root=".") -> list[tuple[str, list[str]]]:
 # %% ../../nbs/74_report.layout.ipynb #2b72a7a8
 def layout_markdown(root=".") -> str:
     "The docs' layout page body: the layers, then every module."
-    return ("The package's layers, from `pyproject.toml` (`[tool.importlinter]`, checked by `lint-imports` and the tests): "
-            "an import points down or sideways, never up.\n\n" + layer_table(root, link=page_link) + "\n" + module_table(root, link=page_link))
+    return (
+        "The package's layers, from `pyproject.toml` (`[tool.importlinter]`, checked by `lint-imports` and the tests): "
+        "an import points down or sideways, never up.\n\n"
+        + layer_table(root, link=page_link)
+        + "\n"
+        + module_table(root, link=page_link)
+    )
 
-def page_link(nb:str) -> str:
+
+def page_link(nb: str) -> str:
     "A notebook path as a link from a page of the docs site (pages sit beside each other)."
     return Path(nb).name

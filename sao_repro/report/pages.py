@@ -23,15 +23,20 @@ def _front_matter(nb) -> dict:
                 return {}
     return {}
 
-def _directives(src:str) -> dict:
+
+def _directives(src: str) -> dict:
     return dict((m.group(1), m.group(2).strip()) for m in re.finditer(r"^#\|\s*([\w-]+):?\s*(.*)$", src, flags=re.M))
+
 
 def tidy_doc_nb(nb):
     "Turn front matter into a title cell, hide `echo: false` inputs, drop `#|` lines and `include: false` cells."
     import nbformat
+
     fm = _front_matter(nb)
     cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.strip().startswith("---"))]
-    head = [nbformat.v4.new_markdown_cell(f"# {fm['title']}\n\n*{fm.get('description', '')}*")] if fm.get("title") else []
+    head = (
+        [nbformat.v4.new_markdown_cell(f"# {fm['title']}\n\n*{fm.get('description', '')}*")] if fm.get("title") else []
+    )
     out = []
     for c in cells:
         c.metadata = {k: v for k, v in c.metadata.items() if k == "tags"}
@@ -49,12 +54,13 @@ def tidy_doc_nb(nb):
     return nb, fm
 
 # %% ../../nbs/77_report.pages.ipynb #63048021
-def plain_text(md:str) -> str:
+def plain_text(md: str) -> str:
     "One line of markdown as plain text: links as their text, code spans, emphasis and `$` maths markers dropped."
     md = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", md)
     return " ".join(re.sub(r"[`*$]|(?<!\w)_|_(?!\w)", "", md).split())
 
-def page_title(nb, fm:dict|None=None, default:str="") -> str:
+
+def page_title(nb, fm: dict | None = None, default: str = "") -> str:
     "The title of a notebook's page: `fm['title']`, else its first markdown `# Title`, else `default`."
     if fm and fm.get("title"):
         return plain_text(str(fm["title"]))

@@ -65,22 +65,35 @@ details pre.sao-commands { white-space: pre-wrap; overflow-wrap: anywhere; font-
 }
 """
 
-def html_exporter(exclude_input:bool=True):
+
+def html_exporter(exclude_input: bool = True):
     "nbconvert HTMLExporter producing offline HTML."
     import jinja2
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import TagRemovePreprocessor
-    e = HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"sao_offline.html.j2": OFFLINE_TEMPLATE})],
-                     template_file="sao_offline.html.j2", exclude_input=exclude_input, exclude_input_prompt=True,
-                     exclude_output_prompt=True, embed_images=True)
-    e.register_preprocessor(TagRemovePreprocessor(remove_cell_tags={"remove_cell"}, remove_input_tags={"remove_input"}), enabled=True)
+
+    e = HTMLExporter(
+        template_name="lab",
+        extra_loaders=[jinja2.DictLoader({"sao_offline.html.j2": OFFLINE_TEMPLATE})],
+        template_file="sao_offline.html.j2",
+        exclude_input=exclude_input,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+        embed_images=True,
+    )
+    e.register_preprocessor(
+        TagRemovePreprocessor(remove_cell_tags={"remove_cell"}, remove_input_tags={"remove_input"}), enabled=True
+    )
     return e
 
 # %% ../../nbs/73_report.render.ipynb #cbbe5fe3
-REPORT_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; script-src 'none'; "
-              "base-uri 'none'; form-action 'none'")
+REPORT_CSP = (
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; script-src 'none'; "
+    "base-uri 'none'; form-action 'none'"
+)
 
-def with_csp(page:str) -> str:
+
+def with_csp(page: str) -> str:
     "The page with a Content-Security-Policy first in its head: no scripts, no inline event handlers, nothing fetched."
     tag = f'<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">'
     if re.search(r"<head[^>]*>", page, flags=re.I):
@@ -88,14 +101,16 @@ def with_csp(page:str) -> str:
     return tag + page
 
 # %% ../../nbs/73_report.render.ipynb #88849980
-def offline_violations(html:str) -> list[str]:
+def offline_violations(html: str) -> list[str]:
     "The `<script src>` / `<link href>` / `<img src>` tags that load something over http(s)."
     pat = r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//[^>]*>"
     return re.findall(pat, html, flags=re.I)
 
-def notebook_to_html(nb_path:Path, html_path:Path, exclude_input:bool=True, nav:str="") -> Path:
+
+def notebook_to_html(nb_path: Path, html_path: Path, exclude_input: bool = True, nav: str = "") -> Path:
     "Convert a notebook to one self-contained HTML file (no network needed to view it)."
     import nbformat
+
     nb = nbformat.read(str(nb_path), as_version=4)
     for c in nb.cells:
         if c.cell_type == "code":
@@ -113,27 +128,43 @@ def notebook_to_html(nb_path:Path, html_path:Path, exclude_input:bool=True, nav:
 
 # %% ../../nbs/73_report.render.ipynb #7170baf8
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-                  "--disable-extensions", "--hide-scrollbars", "--mute-audio"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+]
 
 CHROMIUM_INSTALL = "apt-get install -y chromium (or scripts/need_chromium.sh)"
 
-def find_chromium() -> str|None:
+
+def find_chromium() -> str | None:
     "Path of a Chromium / Chrome binary: env `CHROMIUM` when set (and nothing else then), else the first on PATH; or None."
     env = os.environ.get("CHROMIUM")
     if env:
         return shutil.which(env)
     return next((shutil.which(n) for n in CHROMIUM_NAMES if shutil.which(n)), None)
 
+
 def chromium_missing() -> str:
     "Why there is no Chromium, and how to install it (one line)."
     env = os.environ.get("CHROMIUM")
-    why = f"CHROMIUM={env} is not a Chromium / Chrome executable" if env else \
-          f"headless Chromium not found on PATH ({', '.join(CHROMIUM_NAMES[:3])})"
+    why = (
+        f"CHROMIUM={env} is not a Chromium / Chrome executable"
+        if env
+        else f"headless Chromium not found on PATH ({', '.join(CHROMIUM_NAMES[:3])})"
+    )
     return f"{why}; install it with `{CHROMIUM_INSTALL}`, or set CHROMIUM=/path/to/chrome"
 
-def _chromium(args:list[str], out:Path, timeout:int=120) -> Path:
+
+def _chromium(args: list[str], out: Path, timeout: int = 120) -> Path:
     exe = find_chromium()
     if exe is None:
         raise RuntimeError(chromium_missing())
@@ -141,38 +172,55 @@ def _chromium(args:list[str], out:Path, timeout:int=120) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as prof:
-        r = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={prof}", *args], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [exe, *CHROMIUM_FLAGS, f"--user-data-dir={prof}", *args], capture_output=True, text=True, timeout=timeout
+        )
     if not out.exists() or out.stat().st_size == 0:
         raise RuntimeError(f"chromium did not write {out} (exit {r.returncode}): {r.stderr.strip()[-500:]}")
     return out
 
 # %% ../../nbs/73_report.render.ipynb #1499e6a0
-def html_to_pdf(html:Path, pdf:Path) -> Path:
+def html_to_pdf(html: Path, pdf: Path) -> Path:
     "Print an HTML file to PDF with headless Chromium."
-    return _chromium(["--no-pdf-header-footer", f"--print-to-pdf={Path(pdf).resolve()}", Path(html).resolve().as_uri()], pdf)
+    return _chromium(
+        ["--no-pdf-header-footer", f"--print-to-pdf={Path(pdf).resolve()}", Path(html).resolve().as_uri()], pdf
+    )
 
-def screenshot(html:Path, png:Path, width:int=1280, height:int=2000) -> Path:
+
+def screenshot(html: Path, png: Path, width: int = 1280, height: int = 2000) -> Path:
     "PNG screenshot of an HTML file's first `height` pixels with headless Chromium."
-    return _chromium([f"--screenshot={Path(png).resolve()}", f"--window-size={width},{height}",
-                      "--virtual-time-budget=3000", Path(html).resolve().as_uri()], png)
+    return _chromium(
+        [
+            f"--screenshot={Path(png).resolve()}",
+            f"--window-size={width},{height}",
+            "--virtual-time-budget=3000",
+            Path(html).resolve().as_uri(),
+        ],
+        png,
+    )
 
-def shrink_png(png:Path, max_bytes:int=300_000) -> Path:
+
+def shrink_png(png: Path, max_bytes: int = 300_000) -> Path:
     "Re-save a PNG with a 256-colour palette when it is larger than `max_bytes` (README screenshots)."
     from PIL import Image
+
     if Path(png).stat().st_size > max_bytes:
         Image.open(png).convert("RGB").quantize(colors=256).save(png, optimize=True)
     return Path(png)
 
-def image_stats(png:Path) -> dict:
+
+def image_stats(png: Path) -> dict:
     "Share of the most common colour, number of distinct colours and size of an image."
     from PIL import Image
+
     im = Image.open(png).convert("RGB")
     small = im.resize((min(400, im.width), min(600, im.height)))
     colors = small.getcolors(maxcolors=1 << 20) or []
     top = max(c for c, _ in colors) if colors else 0
     return {"top_color_frac": top / (small.width * small.height), "n_colors": len(colors), "size": im.size}
 
-def is_blank(png:Path, max_top_frac:float=0.995, min_colors:int=16) -> bool:
+
+def is_blank(png: Path, max_top_frac: float = 0.995, min_colors: int = 16) -> bool:
     "True when the image is (nearly) one colour."
     s = image_stats(png)
     return s["top_color_frac"] > max_top_frac or s["n_colors"] < min_colors
@@ -180,8 +228,12 @@ def is_blank(png:Path, max_top_frac:float=0.995, min_colors:int=16) -> bool:
 # %% ../../nbs/73_report.render.ipynb #fmtcode01
 REPORT_FORMATS = ("html", "pdf")
 
-def report_formats(requested:str|list|None=None, # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where Chromium is found
-                  ) -> tuple[list[str], str|None]:
+
+def report_formats(
+    requested: str
+    | list
+    | None = None,  # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where Chromium is found
+) -> tuple[list[str], str | None]:
     "The formats to write and a one-line note on a PDF left out; a PDF asked for where Chromium is missing raises."
     if requested is None:
         return (["html", "pdf"], None) if find_chromium() else (["html"], f"PDF skipped: {chromium_missing()}")
@@ -194,20 +246,24 @@ def report_formats(requested:str|list|None=None, # "html", "pdf", "html,pdf" (or
     return fmts, None
 
 # %% ../../nbs/73_report.render.ipynb #3082cf23
-def quarto_html(executed:Path, html:Path) -> Path:
+def quarto_html(executed: Path, html: Path) -> Path:
     "Render an executed notebook with Quarto, outside any Quarto project, into one self-contained file."
     with tempfile.TemporaryDirectory() as td:
-        src = Path(td)/executed.name
+        src = Path(td) / executed.name
         shutil.copy2(executed, src)
-        subprocess.run(["quarto", "render", str(src), "--to", "html", "--no-execute", "-M", "embed-resources:true"],
-                       check=True, cwd=td)
+        subprocess.run(
+            ["quarto", "render", str(src), "--to", "html", "--no-execute", "-M", "embed-resources:true"],
+            check=True,
+            cwd=td,
+        )
         html.write_text(with_csp(src.with_suffix(".html").read_text(encoding="utf-8")), encoding="utf-8")
     return html
 
 # %% ../../nbs/73_report.render.ipynb #a5cd72d7
-def set_notebook_title(nb_path:Path, title:str) -> Path:
+def set_notebook_title(nb_path: Path, title: str) -> Path:
     "Give an executed report its title: notebook metadata (nbconvert's <title>) and the front matter (Quarto)."
     import nbformat
+
     nb = nbformat.read(str(nb_path), as_version=4)
     nb.metadata["title"] = title
     for c in nb.cells[:1]:

@@ -23,8 +23,10 @@ __all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUM
            'table_html', 'mismatch_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
-REFERENCE_SOURCE = ("reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
-                    "Qwen3-4B, 1000 steps; values are the approximate (~) numbers it reported")
+REFERENCE_SOURCE = (
+    "reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
+    "Qwen3-4B, 1000 steps; values are the approximate (~) numbers it reported"
+)
 REFERENCE_RESULTS = [
     {"setting": "sao", "acc_start": 0.40, "acc_end": 0.49, "steps": 1000, "note": ""},
     {"setting": "grpo", "acc_start": 0.39, "acc_end": 0.15, "steps": 268, "note": "stopped at step 268 after collapse"},
@@ -33,16 +35,31 @@ REFERENCE_RESULTS = [
     {"setting": "single_dis", "acc_start": 0.40, "acc_end": 0.43, "steps": 1000, "note": ""},
 ]
 
+
 def reference_table() -> pd.DataFrame:
     "The reference implementation's reported numbers (MATH / Qwen3-4B / 1000 steps), formatted."
-    rows = [{"setting": r["setting"], "accuracy start -> end (reported)": f"~{r['acc_start']:.0%} -> ~{r['acc_end']:.0%}",
-             "steps": r["steps"], "note": r["note"]} for r in REFERENCE_RESULTS]
+    rows = [
+        {
+            "setting": r["setting"],
+            "accuracy start -> end (reported)": f"~{r['acc_start']:.0%} -> ~{r['acc_end']:.0%}",
+            "steps": r["steps"],
+            "note": r["note"],
+        }
+        for r in REFERENCE_RESULTS
+    ]
     return pd.DataFrame(rows)
 
 # %% ../../nbs/70_report.tables.ipynb #d2315db8
-ROLES = {"sao": "method", "grpo": "baseline", "grpo_dis": "ablation", "running_mean": "ablation", "single_dis": "ablation"}
+ROLES = {
+    "sao": "method",
+    "grpo": "baseline",
+    "grpo_dis": "ablation",
+    "running_mean": "ablation",
+    "single_dis": "ablation",
+}
 
-def _setting_spec(name:str, config:dict|None=None) -> dict:
+
+def _setting_spec(name: str, config: dict | None = None) -> dict:
     "The setting as a dict: from a run's config.json (`setting_spec`) when present, else the registry."
     if config and isinstance(config.get("setting_spec"), dict):
         return config["setting_spec"]
@@ -51,14 +68,16 @@ def _setting_spec(name:str, config:dict|None=None) -> dict:
     except ValueError:
         return {"name": name}
 
-def _band_text(spec:dict) -> str:
+
+def _band_text(spec: dict) -> str:
     band = spec.get("dis_band")
     if not band:
         return "-"
     conv = spec.get("dis_convention", "absolute")
     return f"[{band[0]:g}, {band[1]:g}]" + ("" if conv == "absolute" else f" ({conv})")
 
-def _band_label(spec:dict, config:dict|None=None) -> str:
+
+def _band_label(spec: dict, config: dict | None = None) -> str:
     "`preset [lo, hi]` of a setting spec (a run's config.json `setting_spec`, else AReaL's `actor.rejection_sampling`)."
     if config and not isinstance(config.get("setting_spec"), dict) and isinstance(config.get("actor"), dict):
         rs = config["actor"].get("rejection_sampling")  # an AReaL config.json written before setting_spec was recorded
@@ -68,62 +87,96 @@ def _band_label(spec:dict, config:dict|None=None) -> str:
     band = dis_band(*spec["dis_band"], convention=spec.get("dis_convention", "absolute"))
     return band_label(band, spec.get("dis_preset") or band_preset_name(band))
 
-def _critic_text(spec:dict) -> str:
+
+def _critic_text(spec: dict) -> str:
     return f"K={spec.get('critic_k', '?')}" if spec.get("critic") else "-"
 
 # %% ../../nbs/70_report.tables.ipynb #87c90bca
-def design_table(settings:list[str]|None=None, # setting names (default: the registry's)
-                 runs_df:pd.DataFrame|None=None, # from `load_runs`: the `band` column then says what the runs used
-                ) -> pd.DataFrame:
+def design_table(
+    settings: list[str] | None = None,  # setting names (default: the registry's)
+    runs_df: pd.DataFrame | None = None,  # from `load_runs`: the `band` column then says what the runs used
+) -> pd.DataFrame:
     """Setting, role, what it isolates, G, critic, DIS band, advantage from the settings registry, and `band`: the DIS
     band preset each setting's runs used, read from their config.json (`reference [0.3, 5]`, `paper-math [0.7, 6]`,
     several joined by `; `), or the registry's without runs."""
     used = {}
-    for r in ([] if runs_df is None else runs_df.itertuples()):
+    for r in [] if runs_df is None else runs_df.itertuples():
         c = r.config if isinstance(r.config, dict) else {}
         used.setdefault(r.setting, set()).add(_band_label(_setting_spec(r.setting, c), c))
     rows = []
     for name in settings or list_settings():
         s = _setting_spec(name)
-        rows.append({"setting": name, "role": ROLES.get(name, "-"), "what it isolates": s.get("role", ""),
-                     "G": s.get("group_size"), "critic": _critic_text(s), "DIS": _band_text(s),
-                     "advantage": s.get("advantage", ""), "band": "; ".join(sorted(used.get(name) or {_band_label(s)}))})
+        rows.append(
+            {
+                "setting": name,
+                "role": ROLES.get(name, "-"),
+                "what it isolates": s.get("role", ""),
+                "G": s.get("group_size"),
+                "critic": _critic_text(s),
+                "DIS": _band_text(s),
+                "advantage": s.get("advantage", ""),
+                "band": "; ".join(sorted(used.get(name) or {_band_label(s)})),
+            }
+        )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/70_report.tables.ipynb #4576a743
 RUN_COLUMNS = ["run", "backend", "setting", "seed", "dir", "config"]
 
-def load_runs(runs, # a runs folder (or one run folder)
-              missing_ok:bool=False, # a missing folder gives empty frames instead of an error
-             ) -> tuple[pd.DataFrame, pd.DataFrame]:
+
+def load_runs(
+    runs,  # a runs folder (or one run folder)
+    missing_ok: bool = False,  # a missing folder gives empty frames instead of an error
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     "The tidy metrics frame of every run below `runs` and one row per run (run, backend, setting, seed, dir, config)."
     root = Path(runs)
     if not root.exists():
         if missing_ok:
             return pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=RUN_COLUMNS)
-        raise FileNotFoundError(f"runs folder {root} does not exist; make runs with `sao-repro compare --out {root}` first")
+        raise FileNotFoundError(
+            f"runs folder {root} does not exist; make runs with `sao-repro compare --out {root}` first"
+        )
     df = collect_metrics(root)
     rows = []
     for info in df.attrs.get("runs", []):
-        d = root/info["run"] if (root/info["run"]).is_dir() else root
-        rows.append({"run": info["run"], "backend": info.get("backend") or "unknown", "setting": info["setting"],
-                     "seed": info["seed"], "dir": d, "config": read_config(d)})
+        d = root / info["run"] if (root / info["run"]).is_dir() else root
+        rows.append(
+            {
+                "run": info["run"],
+                "backend": info.get("backend") or "unknown",
+                "setting": info["setting"],
+                "seed": info["seed"],
+                "dir": d,
+                "config": read_config(d),
+            }
+        )
     return df, pd.DataFrame(rows, columns=RUN_COLUMNS)
 
-def runs_table(runs, # a runs folder (or one run folder)
-              ) -> pd.DataFrame:
+
+def runs_table(
+    runs,  # a runs folder (or one run folder)
+) -> pd.DataFrame:
     "`load_runs(runs)[1]` without reading any metrics: one row per run from its path and config.json (for the title)."
     rows = []
     for name, d in find_runs(runs):
         ident, cfg = run_identity(d, name), read_config(d)
-        rows.append({"run": name, "backend": ident["backend"] or "unknown", "setting": ident["setting"], "seed": ident["seed"],
-                     "dir": d, "config": cfg})
+        rows.append(
+            {
+                "run": name,
+                "backend": ident["backend"] or "unknown",
+                "setting": ident["setting"],
+                "seed": ident["seed"],
+                "dir": d,
+                "config": cfg,
+            }
+        )
     return pd.DataFrame(sorted(rows, key=lambda r: r["run"]), columns=RUN_COLUMNS)
 
 # %% ../../nbs/70_report.tables.ipynb #e895a3c7
-def heldout_summary(df:pd.DataFrame, # tidy metrics frame
-                    end_steps:int=50, # end window: the evaluations in the last `end_steps` steps of each run
-                   ) -> pd.DataFrame:
+def heldout_summary(
+    df: pd.DataFrame,  # tidy metrics frame
+    end_steps: int = 50,  # end window: the evaluations in the last `end_steps` steps of each run
+) -> pd.DataFrame:
     "Per run: the first held-out evaluation (`eval/acc`) and the mean of the evaluations inside the end window."
     ev = df[df.metric == "eval/acc"].dropna(subset=["value"]) if len(df) else df
     if ev.empty:
@@ -132,14 +185,16 @@ def heldout_summary(df:pd.DataFrame, # tidy metrics frame
     return pd.DataFrame({"run": s.run, "heldout_start": s["start_eval/acc"], "heldout_end": s["end_eval/acc"]})
 
 # %% ../../nbs/70_report.tables.ipynb #357d32a3
-def run_summary(df:pd.DataFrame, runs_df:pd.DataFrame, start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
+def run_summary(df: pd.DataFrame, runs_df: pd.DataFrame, start_steps: int = 50, end_steps: int = 50) -> pd.DataFrame:
     "One row per run: backend, setting, seed, steps, trajectories per step, start / end window mean of `acc`, held-out start / end."
     cols = ["run", "setting", "seed", "first_step", "last_step", "n_steps", "start_acc", "end_acc", "delta_acc"]
     s = summarize_runs(df, start_steps, end_steps, metrics=("acc",)) if len(df) else pd.DataFrame(columns=cols)
     for c in cols:
         if c not in s:
             s[c] = float("nan")
-    s = s.merge(runs_df[["run", "backend", "dir", "config"]], on="run", how="left").merge(heldout_summary(df, end_steps), on="run", how="left")
+    s = s.merge(runs_df[["run", "backend", "dir", "config"]], on="run", how="left").merge(
+        heldout_summary(df, end_steps), on="run", how="left"
+    )
     s["traj_per_step"] = [c.get("traj_per_step") if isinstance(c, dict) else None for c in s.config]
     return s.sort_values(["backend", "setting", "seed"]).reset_index(drop=True)
 
@@ -148,12 +203,33 @@ def _order(names) -> list[str]:
     known = list_settings()
     return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
 
-NUMBER_COLUMNS = ["backend", "setting", "role", "G", "critic", "DIS", "steps", "traj/step", "prompts x G", "seeds",
-                  "acc_start", "acc_start_ci", "acc_end", "acc_end_ci", "heldout_start", "heldout_start_ci", "heldout_end",
-                  "heldout_end_ci", "runs"]
 
-def numbers_table(summary:pd.DataFrame, # from `run_summary`
-                 ) -> pd.DataFrame:
+NUMBER_COLUMNS = [
+    "backend",
+    "setting",
+    "role",
+    "G",
+    "critic",
+    "DIS",
+    "steps",
+    "traj/step",
+    "prompts x G",
+    "seeds",
+    "acc_start",
+    "acc_start_ci",
+    "acc_end",
+    "acc_end_ci",
+    "heldout_start",
+    "heldout_start_ci",
+    "heldout_end",
+    "heldout_end_ci",
+    "runs",
+]
+
+
+def numbers_table(
+    summary: pd.DataFrame,  # from `run_summary`
+) -> pd.DataFrame:
     "Per (backend, setting): role, G, critic, DIS, steps, trajectories/step, seeds, accuracy start / end mean and CI, runs."
     rows = []
     for backend in sorted(summary.backend.unique()):
@@ -167,76 +243,121 @@ def numbers_table(summary:pd.DataFrame, # from `run_summary`
             h1, h1_ci, _ = mean_ci(g.heldout_end) if "heldout_end" in g else (float("nan"),) * 3
             steps = sorted(set(int(x) for x in g.last_step))
             traj = sorted(set(int(x) for x in g.traj_per_step.dropna()))
-            rows.append({"backend": backend, "setting": name, "role": ROLES.get(name, "-"), "G": spec.get("group_size"),
-                         "critic": _critic_text(spec), "DIS": _band_text(spec),
-                         "steps": "/".join(map(str, steps)), "traj/step": "/".join(map(str, traj)) or "-",
-                         "prompts x G": "/".join(f"{t // max(1, spec.get('group_size') or 1)} x {spec.get('group_size') or 1}"
-                                                 for t in traj) or "-",
-                         "seeds": n, "acc_start": start, "acc_start_ci": start_ci, "acc_end": end, "acc_end_ci": end_ci,
-                         "heldout_start": h0, "heldout_start_ci": h0_ci, "heldout_end": h1, "heldout_end_ci": h1_ci,
-                         "runs": list(g.run)})
+            rows.append(
+                {
+                    "backend": backend,
+                    "setting": name,
+                    "role": ROLES.get(name, "-"),
+                    "G": spec.get("group_size"),
+                    "critic": _critic_text(spec),
+                    "DIS": _band_text(spec),
+                    "steps": "/".join(map(str, steps)),
+                    "traj/step": "/".join(map(str, traj)) or "-",
+                    "prompts x G": "/".join(
+                        f"{t // max(1, spec.get('group_size') or 1)} x {spec.get('group_size') or 1}" for t in traj
+                    )
+                    or "-",
+                    "seeds": n,
+                    "acc_start": start,
+                    "acc_start_ci": start_ci,
+                    "acc_end": end,
+                    "acc_end_ci": end_ci,
+                    "heldout_start": h0,
+                    "heldout_start_ci": h0_ci,
+                    "heldout_end": h1,
+                    "heldout_end_ci": h1_ci,
+                    "runs": list(g.run),
+                }
+            )
     return pd.DataFrame(rows, columns=NUMBER_COLUMNS)
 
 # %% ../../nbs/70_report.tables.ipynb #37cc29ae
-def format_numbers(nt:pd.DataFrame, start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
+def format_numbers(nt: pd.DataFrame, start_steps: int = 50, end_steps: int = 50) -> pd.DataFrame:
     "The numbers table as display strings (role, critic and DIS are in the design table above it)."
     out = nt[["setting", "G", "steps", "traj/step", "prompts x G", "seeds"]].copy()
     if nt.backend.nunique() > 1:
         out.insert(0, "backend", nt.backend)
-    out["accuracy start -> end"] = [f"{fmt_ci(a, float('nan'))} -> {fmt_ci(b, float('nan'))}" for a, b in zip(nt.acc_start, nt.acc_end)]
+    out["accuracy start -> end"] = [
+        f"{fmt_ci(a, float('nan'))} -> {fmt_ci(b, float('nan'))}" for a, b in zip(nt.acc_start, nt.acc_end)
+    ]
     out[f"start (first {start_steps}), 95% CI"] = [fmt_ci(a, h) for a, h in zip(nt.acc_start, nt.acc_start_ci)]
     out[f"end (last {end_steps}), 95% CI"] = [fmt_ci(a, h) for a, h in zip(nt.acc_end, nt.acc_end_ci)]
     return out
 
 # %% ../../nbs/70_report.tables.ipynb #63920de8
-def fmt_change(a:float, a_ci:float, b:float, b_ci:float) -> str:
+def fmt_change(a: float, a_ci: float, b: float, b_ci: float) -> str:
     "`start ± ci -> end ± ci` (see `fmt_ci`)."
     return f"{fmt_ci(a, a_ci)} -> {fmt_ci(b, b_ci)}"
 
-def headline_table(nt:pd.DataFrame, # from `numbers_table`
-                   start_steps:int=50, end_steps:int=50) -> pd.DataFrame:
+
+def headline_table(
+    nt: pd.DataFrame,  # from `numbers_table`
+    start_steps: int = 50,
+    end_steps: int = 50,
+) -> pd.DataFrame:
     "The first table of the report: per setting, seeds, steps, held-out and online accuracy start -> end with 95% CIs."
     out = nt[["setting", "seeds", "steps"]].copy()
     if nt.backend.nunique() > 1:
         out.insert(0, "backend", nt.backend)
     out[f"held-out accuracy: first evaluation -> last {end_steps} steps"] = [
-        fmt_change(*r) for r in zip(nt.heldout_start, nt.heldout_start_ci, nt.heldout_end, nt.heldout_end_ci)]
+        fmt_change(*r) for r in zip(nt.heldout_start, nt.heldout_start_ci, nt.heldout_end, nt.heldout_end_ci)
+    ]
     out[f"online accuracy: first {start_steps} -> last {end_steps} steps"] = [
-        fmt_change(*r) for r in zip(nt.acc_start, nt.acc_start_ci, nt.acc_end, nt.acc_end_ci)]
+        fmt_change(*r) for r in zip(nt.acc_start, nt.acc_start_ci, nt.acc_end, nt.acc_end_ci)
+    ]
     return out
 
 # %% ../../nbs/70_report.tables.ipynb #99f8983d
-def _data_line(c:dict) -> str|None:
+def _data_line(c: dict) -> str | None:
     "The task of one run config, in words."
     if "difficulty" not in c:
         return c.get("dataset")
     if c.get("family") == "chain":
-        return (f"chained arithmetic with a scratchpad ({c.get('min_terms')}-{c.get('max_terms')} terms of "
-                f"{c.get('difficulty')} digit(s), ops '{c.get('ops')}') in the MATH schema")
+        return (
+            f"chained arithmetic with a scratchpad ({c.get('min_terms')}-{c.get('max_terms')} terms of "
+            f"{c.get('difficulty')} digit(s), ops '{c.get('ops')}') in the MATH schema"
+        )
     return f"synthetic arithmetic ({c.get('difficulty')}-digit, ops '{c.get('ops')}') in the MATH schema"
 
-def distance_table(runs_df:pd.DataFrame, summary:pd.DataFrame) -> pd.DataFrame:
+
+def distance_table(runs_df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     "Paper vs these runs: model, data, scale, DIS band preset, asynchrony."
     cfgs = [c for c in runs_df.config if isinstance(c, dict)]
     backends = ", ".join(sorted(runs_df.backend.unique())) or "-"
+
     def vals(f):
         return ", ".join(sorted({str(v) for v in map(f, cfgs) if v not in (None, "")})) or "-"
-    model = vals(lambda c: (lambda m: f"{m.get('n_layers')}-layer transformer, d_model {m.get('d_model')}, vocab {m.get('vocab_size')}"
-                             if m else c.get("model"))((c.get("warm_start") or {}).get("model")))
+
+    model = vals(
+        lambda c: (
+            lambda m: (
+                f"{m.get('n_layers')}-layer transformer, d_model {m.get('d_model')}, vocab {m.get('vocab_size')}"
+                if m
+                else c.get("model")
+            )
+        )((c.get("warm_start") or {}).get("model"))
+    )
     data = vals(_data_line)
     steps = "/".join(map(str, sorted(set(int(x) for x in summary.last_step)))) if len(summary) else "-"
     conv = vals(lambda c: (lambda b: None if b == "-" else b)(_band_label(c.get("setting_spec") or {}, c)))
-    lag = vals(lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), behaviour noise {c.get('noise')}" if "lag" in c else None)
-    rows = [("backend", "AReaL on a GPU cluster", backends), ("model", "Qwen3-4B", model),
-            ("data", "MATH, hard split; math-verify reward", data), ("steps", "1000", steps),
-            ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(lambda c: c.get("traj_per_step"))),
-            ("DIS band (preset)", "reference [0.3, 5.0] (reference implementation)", conv),
-            ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag)]
+    lag = vals(
+        lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), behaviour noise {c.get('noise')}" if "lag" in c else None
+    )
+    rows = [
+        ("backend", "AReaL on a GPU cluster", backends),
+        ("model", "Qwen3-4B", model),
+        ("data", "MATH, hard split; math-verify reward", data),
+        ("steps", "1000", steps),
+        ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(lambda c: c.get("traj_per_step"))),
+        ("DIS band (preset)", "reference [0.3, 5.0] (reference implementation)", conv),
+        ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag),
+    ]
     return pd.DataFrame(rows, columns=["", "paper / reference", "these runs"])
 
 # %% ../../nbs/70_report.tables.ipynb #4d6f226c
-def health_table(df:pd.DataFrame, # tidy frame from `load_runs` (its `attrs["runs"]` hold the flags)
-                ) -> pd.DataFrame:
+def health_table(
+    df: pd.DataFrame,  # tidy frame from `load_runs` (its `attrs["runs"]` hold the flags)
+) -> pd.DataFrame:
     "Run, setting, seed and `flag (step N)` for each SAO health flag set in a run."
     rows = []
     for info in df.attrs.get("runs", []):
@@ -247,10 +368,11 @@ def health_table(df:pd.DataFrame, # tidy frame from `load_runs` (its `attrs["run
     return pd.DataFrame(rows, columns=["run", "setting", "seed", "flags"])
 
 # %% ../../nbs/70_report.tables.ipynb #tblhtml2
-def table_html(frame:pd.DataFrame, # the table
-               table_id:str, # its HTML id
-               empty:str="none", # what an empty table says in its one row
-              ) -> str:
+def table_html(
+    frame: pd.DataFrame,  # the table
+    table_id: str,  # its HTML id
+    empty: str = "none",  # what an empty table says in its one row
+) -> str:
     "The report's HTML table: no index, escaped, `-` for missing values; an empty one keeps its header and says `empty`."
     out = frame.to_html(index=False, table_id=table_id, classes="sao-table", border=0, na_rep="-", escape=True)
     if len(frame) == 0:
@@ -259,12 +381,26 @@ def table_html(frame:pd.DataFrame, # the table
     return out
 
 # %% ../../nbs/70_report.tables.ipynb #f1bc7e55
-MISMATCH_COLUMNS = ["backend", "setting", "runs", "measured", "k3_kl mean", "k3_kl max", "k3_kl_all mean", "lag mean",
-                    "lag max", "ess mean", "ratio min", "ratio max"]
+MISMATCH_COLUMNS = [
+    "backend",
+    "setting",
+    "runs",
+    "measured",
+    "k3_kl mean",
+    "k3_kl max",
+    "k3_kl_all mean",
+    "lag mean",
+    "lag max",
+    "ess mean",
+    "ratio min",
+    "ratio max",
+]
 
-def mismatch_table(df:pd.DataFrame, # tidy metrics frame from `load_runs`
-                   runs_df:pd.DataFrame, # its runs (for the backend)
-                  ) -> pd.DataFrame:
+
+def mismatch_table(
+    df: pd.DataFrame,  # tidy metrics frame from `load_runs`
+    runs_df: pd.DataFrame,  # its runs (for the backend)
+) -> pd.DataFrame:
     "Per backend and setting: `mismatch/k3_kl` (trainer's version), `k3_kl_all`, lag, ESS and ratio range over all steps and seeds."
     m = df[df.metric.astype(str).str.startswith("mismatch/")].dropna(subset=["value"]) if len(df) else df
     if m.empty:
@@ -276,11 +412,24 @@ def mismatch_table(df:pd.DataFrame, # tidy metrics frame from `load_runs`
     for (backend, setting), g in m.groupby(["backend", "setting"], sort=False):
         v = lambda k: g.loc[g.metric == k, "value"].astype(float)
         k3, steps = v("mismatch/k3_kl"), g[["run", "step"]].drop_duplicates()
-        rows.append({"backend": backend, "setting": setting, "runs": g.run.nunique(), "measured": f"{len(k3)} / {len(steps)}",
-                     "k3_kl mean": sci(k3.mean() if len(k3) else None), "k3_kl max": sci(k3.max() if len(k3) else None),
-                     "k3_kl_all mean": sci(v("mismatch/k3_kl_all").mean()), "lag mean": fix(v("mismatch/lag_mean").mean()),
-                     "lag max": fix(v("mismatch/lag_max").max()), "ess mean": fix(v("mismatch/ess").mean()),
-                     "ratio min": fix(v("mismatch/ratio_min").min()), "ratio max": fix(v("mismatch/ratio_max").max())})
+        rows.append(
+            {
+                "backend": backend,
+                "setting": setting,
+                "runs": g.run.nunique(),
+                "measured": f"{len(k3)} / {len(steps)}",
+                "k3_kl mean": sci(k3.mean() if len(k3) else None),
+                "k3_kl max": sci(k3.max() if len(k3) else None),
+                "k3_kl_all mean": sci(v("mismatch/k3_kl_all").mean()),
+                "lag mean": fix(v("mismatch/lag_mean").mean()),
+                "lag max": fix(v("mismatch/lag_max").max()),
+                "ess mean": fix(v("mismatch/ess").mean()),
+                "ratio min": fix(v("mismatch/ratio_min").min()),
+                "ratio max": fix(v("mismatch/ratio_max").max()),
+            }
+        )
     out = pd.DataFrame(rows, columns=MISMATCH_COLUMNS)
     rank = {s: i for i, s in enumerate(_order(out.setting))}
-    return out.sort_values(["backend", "setting"], key=lambda c: c.map(rank) if c.name == "setting" else c).reset_index(drop=True)
+    return out.sort_values(["backend", "setting"], key=lambda c: c.map(rank) if c.name == "setting" else c).reset_index(
+        drop=True
+    )

@@ -21,9 +21,11 @@ __all__ = ['BACKEND_NAMES', 'md_text', 'md_code', 'html_id', 'run_command', 'run
 # %% ../../nbs/71_report.text.ipynb #3f721523
 _PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./-,:=+@%_")
 
+
 def md_text(text) -> str:
     "`text` with every character Markdown or HTML could act on written as a character reference."
     return "".join(c if c in _PLAIN else f"&#{ord(c)};" for c in str(text))
+
 
 def md_code(text) -> str:
     "`text` as a Markdown code span, shown literally whatever it contains (a backtick, a tag, `*`): the renderer escapes it."
@@ -32,12 +34,13 @@ def md_code(text) -> str:
     pad = " " if s[:1] in ("`", " ") or s[-1:] in ("`", " ") else ""  # one space each side is dropped by the renderer
     return f"{fence}{pad}{s}{pad}{fence}"
 
+
 def html_id(text) -> str:
     "`text` as an HTML id / class token: letters, digits, `-` and `_` only."
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(text))
 
 # %% ../../nbs/71_report.text.ipynb #de9177fc
-def run_command(config:dict) -> str:
+def run_command(config: dict) -> str:
     "The `sao-repro run` command that reproduces a run, from its config.json."
     parts = ["sao-repro", "run", "--setting", str(config.get("setting", "?")), "--seed", str(config.get("seed", 0))]
     for key in ("steps", "backend", "out"):
@@ -47,30 +50,46 @@ def run_command(config:dict) -> str:
         defaults = MiniRunConfig()
         skip = {"setting", "seed", "steps", "backend", "out", "threads"}
         for k, v in config.items():
-            if k not in skip and hasattr(defaults, k) and isinstance(v, (int, float, str)) and v != getattr(defaults, k):
+            if (
+                k not in skip
+                and hasattr(defaults, k)
+                and isinstance(v, (int, float, str))
+                and v != getattr(defaults, k)
+            ):
                 parts += ["--" + k.replace("_", "-"), str(v)]
     return " ".join(shlex.quote(p) for p in parts)
 
 # %% ../../nbs/71_report.text.ipynb #71e3f351
-def runs_commands(runs, runs_df:pd.DataFrame,
-                  out_label:str|None=None, # show `--out` as this (the runs folder as the report names it)
-                 ) -> list[str]:
+def runs_commands(
+    runs,
+    runs_df: pd.DataFrame,
+    out_label: str | None = None,  # show `--out` as this (the runs folder as the report names it)
+) -> list[str]:
     "Commands that made the runs: the `compare` line of each backend's summary.md, else one `run` per folder."
     cmds, covered = [], set()
     for backend in sorted(runs_df.backend.unique()):
-        summ = Path(runs)/backend/"summary.md"
+        summ = Path(runs) / backend / "summary.md"
         if summ.is_file():
             m = re.search(r"`(sao-repro compare[^`]*)`", summ.read_text(errors="replace"))
             if m:
-                cmds.append(m.group(1) if out_label is None else re.sub(r"--out(\s+|=)\S+", f"--out {shlex.quote(out_label)}", m.group(1)))
+                cmds.append(
+                    m.group(1)
+                    if out_label is None
+                    else re.sub(r"--out(\s+|=)\S+", f"--out {shlex.quote(out_label)}", m.group(1))
+                )
                 covered.add(backend)
     relabel = {} if out_label is None else {"out": out_label}
-    cmds += [run_command({**c, **relabel} if isinstance(c, dict) and c else {"setting": s, "seed": k})
-             for b, s, k, c in zip(runs_df.backend, runs_df.setting, runs_df.seed, runs_df.config) if b not in covered]
+    cmds += [
+        run_command({**c, **relabel} if isinstance(c, dict) and c else {"setting": s, "seed": k})
+        for b, s, k, c in zip(runs_df.backend, runs_df.setting, runs_df.seed, runs_df.config)
+        if b not in covered
+    ]
     return cmds
 
-def _natural(s:str):
+
+def _natural(s: str):
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", s) if t]
+
 
 def _braces(values) -> str:
     "One path part for several values: `seed{0,1,2}` (a shared prefix / suffix around numbers), else `{a,b}`."
@@ -82,7 +101,8 @@ def _braces(values) -> str:
         return f"{m[0].group(1)}{{{','.join(x.group(2) for x in m)}}}{m[0].group(3)}"
     return "{" + ",".join(vals) + "}"
 
-def _compact(parts:list[tuple]) -> list[str]:
+
+def _compact(parts: list[tuple]) -> list[str]:
     "Patterns covering exactly the paths `parts` (tuples of equal length), factored from the left."
     if not parts[0]:
         return [""]
@@ -94,6 +114,7 @@ def _compact(parts:list[tuple]) -> list[str]:
         by_rest.setdefault(tuple(_compact(rest)), []).append(head)
     return [_braces(heads) + ("/" + r if r else "") for rest, heads in by_rest.items() for r in rest]
 
+
 def compact_paths(names) -> list[str]:
     "Run folder names in brace form, e.g. `mini/{grpo,sao}/seed{0,1,2}` for six folders; each pattern names exactly its folders."
     groups = {}
@@ -102,25 +123,31 @@ def compact_paths(names) -> list[str]:
         groups.setdefault(len(parts), []).append(parts)
     return [p for k in sorted(groups) for p in _compact(groups[k])]
 
-def provenance(what:str, # e.g. "Figure 1" or "Table: numbers"
-               run_names, # the run folders (names relative to `runs`)
-               runs, # how the report names the runs folder (`runs_label`: relative, never a home or temporary folder)
-               report_cmd:str, # the command that made the report
-               made_by:str="", # the function that computed it
-              ) -> str:
+
+def provenance(
+    what: str,  # e.g. "Figure 1" or "Table: numbers"
+    run_names,  # the run folders (names relative to `runs`)
+    runs,  # how the report names the runs folder (`runs_label`: relative, never a home or temporary folder)
+    report_cmd: str,  # the command that made the report
+    made_by: str = "",  # the function that computed it
+) -> str:
     "One markdown line naming the run folders (compactly, see `compact_paths`) and the commands behind a table or figure."
     folders = ", ".join(md_code(f"{Path(runs).as_posix()}/{p}") for p in compact_paths(run_names)) or "(none)"
     fn = f" by {md_code(made_by)}" if made_by else ""
     return f"*{what}* — run folders: {folders}. Made{fn} with {md_code(report_cmd)}."
 
 # %% ../../nbs/71_report.text.ipynb #762f3709
-def runs_using(runs_df:pd.DataFrame, # from `load_runs`
-               feature:str, # "dis" (a DIS band) or "critic"
-              ) -> list[str]:
+def runs_using(
+    runs_df: pd.DataFrame,  # from `load_runs`
+    feature: str,  # "dis" (a DIS band) or "critic"
+) -> list[str]:
     "Names of the runs whose setting uses DIS or a critic (the runs a DIS / critic figure draws)."
     key = {"dis": "dis_band", "critic": "critic"}[feature]
-    return [r for r, s, c in zip(runs_df.run, runs_df.setting, runs_df.config)
-            if _setting_spec(s, c if isinstance(c, dict) else None).get(key)]
+    return [
+        r
+        for r, s, c in zip(runs_df.run, runs_df.setting, runs_df.config)
+        if _setting_spec(s, c if isinstance(c, dict) else None).get(key)
+    ]
 
 # %% ../../nbs/71_report.text.ipynb #2766f7d4
 def display_path(p, base=None) -> str:
@@ -131,15 +158,18 @@ def display_path(p, base=None) -> str:
     except ValueError:
         return p.resolve().name or "."
 
+
 def report_base(runs) -> Path:
     "The folder a report's paths are shown relative to: the current one when it holds `runs`, else the one holding `runs`."
     runs, cwd = Path(runs).resolve(), Path.cwd().resolve()
     return cwd if runs.is_relative_to(cwd) else runs.parent
 
-def runs_block(runs_df:pd.DataFrame, # from `load_runs`
-               runs_label:str, # how the runs folder is named in the report
-               commands:list[str], # from `runs_commands`
-              ) -> str:
+
+def runs_block(
+    runs_df: pd.DataFrame,  # from `load_runs`
+    runs_label: str,  # how the runs folder is named in the report
+    commands: list[str],  # from `runs_commands`
+) -> str:
     "Markdown/HTML: one line per setting (seeds, steps, folders) and the commands that made the runs, folded."
     lines = []
     for name in _order(runs_df.setting):
@@ -147,16 +177,22 @@ def runs_block(runs_df:pd.DataFrame, # from `load_runs`
         seeds = ", ".join(str(s) for s in sorted(g.seed))
         steps = sorted({c.get("steps") for c in g.config if isinstance(c, dict) and c.get("steps")})
         folders = ", ".join(sorted({f"{b}/{name}/" for b in g.backend}))
-        lines.append(f"- {md_code(name)}: {len(g)} run(s), seed(s) {seeds}"
-                     + (f", {'/'.join(map(str, steps))} steps" if steps else "") + f" — {md_code(f'{runs_label}/{folders}')}")
+        lines.append(
+            f"- {md_code(name)}: {len(g)} run(s), seed(s) {seeds}"
+            + (f", {'/'.join(map(str, steps))} steps" if steps else "")
+            + f" — {md_code(f'{runs_label}/{folders}')}"
+        )
     cmds = html.escape("\n".join(commands))
-    return ("\n".join(lines) + f"\n\n<details><summary>The {len(commands)} command(s) that made these runs</summary>"
-            f"\n<pre class=\"sao-commands\">{cmds}</pre>\n</details>\n")
+    return (
+        "\n".join(lines) + f"\n\n<details><summary>The {len(commands)} command(s) that made these runs</summary>"
+        f'\n<pre class="sao-commands">{cmds}</pre>\n</details>\n'
+    )
 
 # %% ../../nbs/71_report.text.ipynb #724c30e2
 BACKEND_NAMES = {"mini": "CPU testbed", "areal": "AReaL cluster"}
 
-def _task_name(c:dict) -> str|None:
+
+def _task_name(c: dict) -> str | None:
     "Short name of a run's task: the testbed family, or the dataset (MATH-hard only for MATH level-5 data)."
     if c.get("rehearsal"):  # `sao-repro rehearse`: AReaL's trainer on toy problems
         return "toy sums (cluster rehearsal)"
@@ -168,7 +204,8 @@ def _task_name(c:dict) -> str|None:
         return "MATH-hard" if "hard" in data.lower() or c.get("levels") in ([5], "hard") else "MATH"
     return Path(data).name or None
 
-def _model_name(c:dict) -> str|None:
+
+def _model_name(c: dict) -> str | None:
     if c.get("rehearsal"):
         return "tiny random-init Qwen2"
     m = (c.get("warm_start") or {}).get("model")
@@ -177,11 +214,14 @@ def _model_name(c:dict) -> str|None:
     path = c.get("model") or (c.get("actor") or {}).get("path")  # AReaL: actor.path
     return Path(str(path)).name if path else None
 
-def report_title(runs_df:pd.DataFrame) -> str:
+
+def report_title(runs_df: pd.DataFrame) -> str:
     "The report's title, from what its runs are: task family, backend and model."
     cfgs = [c for c in runs_df.config if isinstance(c, dict)]
+
     def names(f):
         return ", ".join(sorted({v for v in map(f, cfgs) if v})) or "unknown"
+
     backends = ", ".join(BACKEND_NAMES.get(b, b) for b in sorted(runs_df.backend.unique())) or "no runs"
     if cfgs and all(c.get("rehearsal") for c in cfgs):
         backends = backends.replace(BACKEND_NAMES["areal"], "AReaL 1.0.4 on a CPU")
@@ -191,27 +231,53 @@ def report_title(runs_df:pd.DataFrame) -> str:
 def _vals(cfgs, f) -> str:
     return ", ".join(sorted({str(v) for v in map(f, cfgs) if v not in (None, "")})) or "-"
 
-def testbed_limits(df:pd.DataFrame, runs_df:pd.DataFrame) -> str:
+
+def testbed_limits(df: pd.DataFrame, runs_df: pd.DataFrame) -> str:
     "What the CPU-testbed runs cannot show, in numbers read from them (empty when no testbed run is present)."
     cfgs = [c for b, c in zip(runs_df.backend, runs_df.config) if b == "mini" and isinstance(c, dict)]
     if not cfgs:
         return ""
     mini = df[df.run.isin(runs_df.run[runs_df.backend == "mini"])]
     rl = mini[mini.metric == "rollout/resp_len"].value.dropna()
-    resp = f"responses average {rl.mean():.1f} tokens (`rollout/resp_len` over all steps of these runs)" if len(rl) else "response lengths were not logged"
-    model = _vals(cfgs, lambda c: (lambda m: f"{m.get('n_layers')}-layer transformer, d_model {m.get('d_model')}, "
-                                            f"vocabulary {m.get('vocab_size')}" if m else None)((c.get("warm_start") or {}).get("model")))
-    lag = _vals(cfgs, lambda c: f"lag {c.get('lag')} ({c.get('lag_mode')}), logit noise {c.get('noise')}, engine {c.get('behav_dtype')}")
+    resp = (
+        f"responses average {rl.mean():.1f} tokens (`rollout/resp_len` over all steps of these runs)"
+        if len(rl)
+        else "response lengths were not logged"
+    )
+    model = _vals(
+        cfgs,
+        lambda c: (
+            lambda m: (
+                f"{m.get('n_layers')}-layer transformer, d_model {m.get('d_model')}, vocabulary {m.get('vocab_size')}"
+                if m
+                else None
+            )
+        )((c.get("warm_start") or {}).get("model")),
+    )
+    lag = _vals(
+        cfgs,
+        lambda c: (
+            f"lag {c.get('lag')} ({c.get('lag_mode')}), logit noise {c.get('noise')}, engine {c.get('behav_dtype')}"
+        ),
+    )
     steps = "/".join(map(str, sorted({int(s) for s in mini.step.groupby(mini.run).max()}))) if len(mini) else "-"
     grpo = next((r for r in REFERENCE_RESULTS if r["setting"] == "grpo"), None)
-    collapse = (f" The reference GRPO run fell from ~{grpo['acc_start']:.0%} to ~{grpo['acc_end']:.0%} over {grpo['steps']} "
-                f"steps; these runs have {steps} steps." if grpo else "")
-    can = ("**What the testbed runs can show.** The mechanics of each setting under asynchrony: with a stale, noisy "
-           "behaviour policy, how many tokens DIS drops, whether a critic learns values that explain the returns of "
-           "single rollouts, how a running-mean or batch-normalized baseline behaves with one trajectory per prompt, and "
-           "whether accuracy rises or falls over the same trajectory budget.\n\n")
-    return can + (f"**What the testbed runs cannot show.** Whether effect sizes carry over to a 4B-parameter model reasoning "
-            f"at length on MATH: here {resp}; the model is a {model}; off-policyness comes from a configured {lag} rather "
-            f"than a separate inference engine; the reward is the exact final answer of {_vals(cfgs, _task_name)} problems."
-            f"{collapse} Agreement in direction is informative, magnitudes are not. The cluster backend (`areal`) writes "
-            "the same run folders, so this report renders cluster runs unchanged.")
+    collapse = (
+        f" The reference GRPO run fell from ~{grpo['acc_start']:.0%} to ~{grpo['acc_end']:.0%} over {grpo['steps']} "
+        f"steps; these runs have {steps} steps."
+        if grpo
+        else ""
+    )
+    can = (
+        "**What the testbed runs can show.** The mechanics of each setting under asynchrony: with a stale, noisy "
+        "behaviour policy, how many tokens DIS drops, whether a critic learns values that explain the returns of "
+        "single rollouts, how a running-mean or batch-normalized baseline behaves with one trajectory per prompt, and "
+        "whether accuracy rises or falls over the same trajectory budget.\n\n"
+    )
+    return can + (
+        f"**What the testbed runs cannot show.** Whether effect sizes carry over to a 4B-parameter model reasoning "
+        f"at length on MATH: here {resp}; the model is a {model}; off-policyness comes from a configured {lag} rather "
+        f"than a separate inference engine; the reward is the exact final answer of {_vals(cfgs, _task_name)} problems."
+        f"{collapse} Agreement in direction is informative, magnitudes are not. The cluster backend (`areal`) writes "
+        "the same run folders, so this report renders cluster runs unchanged."
+    )

@@ -14,13 +14,27 @@ from ..runconfig import RewardConfig, reward_config_from_env, set_reward_env
 from .check import MAX_ANSWER_CHARS, WARMUP_CASES, clean_text, parse_answer, score, warm_up
 from .local import LocalRewardPool
 from .ray import RayRewardPool
-from .pool import (
-    RewardPool, close_reward_pool, get_reward_pool, math_reward_fn, verify, verify_stats)
+from .pool import RewardPool, close_reward_pool, get_reward_pool, math_reward_fn, verify, verify_stats
 from .bench import bench_items, bench_reward
 
 _all_ = [
-    "RewardConfig", "reward_config_from_env", "set_reward_env",
-    "MAX_ANSWER_CHARS", "WARMUP_CASES", "clean_text", "parse_answer", "score", "warm_up",
-    "LocalRewardPool", "RayRewardPool",
-    "RewardPool", "close_reward_pool", "get_reward_pool", "math_reward_fn", "verify", "verify_stats",
-    "bench_items", "bench_reward"]
+    "RewardConfig",
+    "reward_config_from_env",
+    "set_reward_env",
+    "MAX_ANSWER_CHARS",
+    "WARMUP_CASES",
+    "clean_text",
+    "parse_answer",
+    "score",
+    "warm_up",
+    "LocalRewardPool",
+    "RayRewardPool",
+    "RewardPool",
+    "close_reward_pool",
+    "get_reward_pool",
+    "math_reward_fn",
+    "verify",
+    "verify_stats",
+    "bench_items",
+    "bench_reward",
+]

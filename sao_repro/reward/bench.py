@@ -15,18 +15,43 @@ from .pool import RewardPool
 # %% ../../nbs/54b_reward.bench.ipynb #8d4a4bbe
 def bench_items(n: int) -> list[tuple[str, str]]:
     "A deterministic MATH-like mix of `n` distinct (completion, gold) pairs."
-    kinds = ["int", "int", "int_wrong", "int", "int_wrong", "frac", "frac", "frac", "dec", "sqrt", "sqrt", "expr",
-             "interval", "none", "none", "int", "int_wrong", "int", "int_wrong", "int"]
+    kinds = [
+        "int",
+        "int",
+        "int_wrong",
+        "int",
+        "int_wrong",
+        "frac",
+        "frac",
+        "frac",
+        "dec",
+        "sqrt",
+        "sqrt",
+        "expr",
+        "interval",
+        "none",
+        "none",
+        "int",
+        "int_wrong",
+        "int",
+        "int_wrong",
+        "int",
+    ]
     out = []
     for i in range(n):
         k, j = kinds[i % len(kinds)], 2 + i
-        out.append({"int": (rf"so $\boxed{{{j}}}$", str(j)), "int_wrong": (rf"$\boxed{{{j}}}$", str(j + 1)),
-                    "frac": (rf"$\boxed{{\frac{{{j}}}{{{j + 1}}}}}$", rf"\frac{{{2 * j}}}{{{2 * j + 2}}}"),
-                    "dec": (rf"$\boxed{{{j}.5}}$", rf"\frac{{{2 * j + 1}}}{{2}}"),
-                    "sqrt": (rf"$\boxed{{{j}\sqrt{{2}}}}$", rf"\sqrt{{{2 * j * j}}}"),
-                    "expr": (rf"$\boxed{{(x+{j})^2}}$", f"x^2+{2 * j}x+{j * j}"),
-                    "interval": (rf"$\boxed{{[{j}, {j + 3})}}$", f"[{j},{j + 3})"),
-                    "none": ("I am not sure.", str(j))}[k])
+        out.append(
+            {
+                "int": (rf"so $\boxed{{{j}}}$", str(j)),
+                "int_wrong": (rf"$\boxed{{{j}}}$", str(j + 1)),
+                "frac": (rf"$\boxed{{\frac{{{j}}}{{{j + 1}}}}}$", rf"\frac{{{2 * j}}}{{{2 * j + 2}}}"),
+                "dec": (rf"$\boxed{{{j}.5}}$", rf"\frac{{{2 * j + 1}}}{{2}}"),
+                "sqrt": (rf"$\boxed{{{j}\sqrt{{2}}}}$", rf"\sqrt{{{2 * j * j}}}"),
+                "expr": (rf"$\boxed{{(x+{j})^2}}$", f"x^2+{2 * j}x+{j * j}"),
+                "interval": (rf"$\boxed{{[{j}, {j + 3})}}$", f"[{j},{j + 3})"),
+                "none": ("I am not sure.", str(j)),
+            }[k]
+        )
     return out
 
 # %% ../../nbs/54b_reward.bench.ipynb #70a2139a
@@ -43,7 +68,11 @@ def _bench_one(pool, items: list, n_latency: int) -> dict:
         pool.submit(r"$\boxed{7}$", "8").result()
         lat.append(time.perf_counter() - t)
     lat.sort()
-    return {"per_s": rate, "p50_ms": 1e3 * lat[len(lat) // 2], "p99_ms": 1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
+    return {
+        "per_s": rate,
+        "p50_ms": 1e3 * lat[len(lat) // 2],
+        "p99_ms": 1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+    }
 
 # %% ../../nbs/54b_reward.bench.ipynb #dd7206aa
 def _ensure_ray():
@@ -65,8 +94,11 @@ def bench_reward(n: int = 400, n_latency: int = 300, ray: bool = True) -> dict:
     items = bench_items(n)
     rows = {}
     started_ray = False
-    for name, kw in [("local x1", dict(backend="local", workers=1)), ("local x2", dict(backend="local", workers=2)),
-                     ("ray x2", dict(backend="ray", workers=2, attach=False))]:
+    for name, kw in [
+        ("local x1", dict(backend="local", workers=1)),
+        ("local x2", dict(backend="local", workers=2)),
+        ("ray x2", dict(backend="ray", workers=2, attach=False)),
+    ]:
         if name.startswith("ray") and not ray:
             continue
         try:
@@ -90,9 +122,13 @@ def _print_bench(rows: dict, n: int, n_latency: int):
     for name, r in rows.items():
         print(f"{name:10} {r['per_s']:9.1f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f}")
     if "local x1" in rows and "local x2" in rows:
-        print(f"speed-up 2 workers / 1 worker: {rows['local x2']['per_s'] / rows['local x1']['per_s']:.2f}x (target >= 1.6x)")
+        print(
+            f"speed-up 2 workers / 1 worker: {rows['local x2']['per_s'] / rows['local x1']['per_s']:.2f}x (target >= 1.6x)"
+        )
     if "ray x2" in rows and "local x2" in rows:
         extra = 1e3 / rows["ray x2"]["per_s"] - 1e3 / rows["local x2"]["per_s"]
         lat = rows["ray x2"]["p50_ms"] - rows["local x2"]["p50_ms"]
-        print(f"ray vs local x2, added time per item: {extra:+.2f} ms (throughput), {lat:+.2f} ms (p50 latency); "
-              "target <= 2 ms")
+        print(
+            f"ray vs local x2, added time per item: {extra:+.2f} ms (throughput), {lat:+.2f} ms (p50 latency); "
+            "target <= 2 ms"
+        )

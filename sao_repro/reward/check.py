@@ -81,10 +81,18 @@ def score(
 _exact_score = score  # warm-ups use this; tests may monkeypatch `score` (forked workers see the patch)
 
 # %% ../../nbs/50_reward.check.ipynb #ae5ef746
-WARMUP_CASES = [(r"\boxed{\frac12}", "0.5"), (r"\boxed{x^2+2x+1}", "(x+1)^2"), (r"\boxed{[1,3)}", "[1, 3)"),
-                (r"\boxed{\{1,2\}}", r"\{2,1\}"), (r"\boxed{x=3}", "3"), (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
-                (r"\boxed{x \le 3}", r"(-\infty,3]"), (r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
-                (r"\boxed{10\%}", "10"), (r"\boxed{\text{(A)}}", "A")]
+WARMUP_CASES = [
+    (r"\boxed{\frac12}", "0.5"),
+    (r"\boxed{x^2+2x+1}", "(x+1)^2"),
+    (r"\boxed{[1,3)}", "[1, 3)"),
+    (r"\boxed{\{1,2\}}", r"\{2,1\}"),
+    (r"\boxed{x=3}", "3"),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
+    (r"\boxed{x \le 3}", r"(-\infty,3]"),
+    (r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+    (r"\boxed{10\%}", "10"),
+    (r"\boxed{\text{(A)}}", "A"),
+]
 
 
 def warm_up(

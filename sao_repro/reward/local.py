@@ -115,9 +115,18 @@ def _mp_context(start_method: str):
 class LocalRewardPool(QueuedPool):
     "N reward worker processes on this machine; see `RewardPool` for the contract."
 
-    def __init__(self, workers: int = 2, timeout_s: float = 5.0, *, max_retries: int = 1, scorer=None,
-                 memory_mb: int | None = 4096, start_method: str = "fork", startup_timeout_s: float = 120.0,
-                 new_session: bool = True):
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        *,
+        max_retries: int = 1,
+        scorer=None,
+        memory_mb: int | None = 4096,
+        start_method: str = "fork",
+        startup_timeout_s: float = 120.0,
+        new_session: bool = True,
+    ):
         if workers < 1:
             raise ValueError(f"reward.workers={workers}: need at least 1 worker")
         super().__init__(RetryPolicy(timeout_s=timeout_s, max_retries=max_retries, startup_timeout_s=startup_timeout_s))

@@ -28,6 +28,7 @@ COUNTERS = ("submitted", "done", "timeouts", "restarts", "crashes", "failed")  #
 @dataclass
 class RewardItem:
     "One submitted `(completion, gold)`; its `future` gets exactly one result."
+
     key: int  # submission number, unique in its pool
     completion: str | None  # as cleaned by `clean_text`
     gold: str | None
@@ -39,6 +40,7 @@ class RewardItem:
 @dataclass(frozen=True)
 class RewardResult:
     "How one item ended: its reward and its status (one of `STATUSES`)."
+
     value: float
     status: str = "ok"
 
@@ -50,6 +52,7 @@ class RewardResult:
 @dataclass
 class RetryPolicy:
     "When the reward pools kill, retry and give up: one policy for the local and the Ray pool."
+
     timeout_s: float = 5.0  # default hard limit per item (s); a hung item is killed and scores 0
     max_retries: int = 1  # re-runs of an item whose worker died; after that it scores 0 ('failed')
     startup_timeout_s: float = 120.0  # a worker not ready (warm) by then counts as dead

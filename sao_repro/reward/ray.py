@@ -55,8 +55,13 @@ class RewardWorker:
 
     def stats(self) -> dict:
         s = self.pool.stats()
-        s.update(pid=os.getpid(), node_id=import_ray().get_runtime_context().get_node_id(), timeout_s=self.timeout_s,
-                 child_pids=self.pool.worker_pids(), batches=self.batches)
+        s.update(
+            pid=os.getpid(),
+            node_id=import_ray().get_runtime_context().get_node_id(),
+            timeout_s=self.timeout_s,
+            child_pids=self.pool.worker_pids(),
+            batches=self.batches,
+        )
         return s
 
     def ping(self) -> bool:
@@ -99,9 +104,18 @@ def _actor_class():
     return _ACTOR_CLASS[0]
 
 
-def make_actor(ray, i: int, *, timeout_s: float, scorer=None, memory_mb: int | None = 4096,
-               resources: dict | None = None, avoid_head: bool = True, detached: bool = False,
-               num_cpus: float = 1.0):
+def make_actor(
+    ray,
+    i: int,
+    *,
+    timeout_s: float,
+    scorer=None,
+    memory_mb: int | None = 4096,
+    resources: dict | None = None,
+    avoid_head: bool = True,
+    detached: bool = False,
+    num_cpus: float = 1.0,
+):
     "Create reward actor number `i` (named and detached for the CLI's long-lived workers)."
     cls = _actor_class()
     opts = dict(num_cpus=num_cpus, max_concurrency=16, max_restarts=0)
@@ -113,14 +127,17 @@ def make_actor(ray, i: int, *, timeout_s: float, scorer=None, memory_mb: int | N
 # %% ../../nbs/53_reward.ray.ipynb #6d16de42
 def list_workers(ray) -> list[str]:
     "Names of the reward actors alive in the `sao_repro` namespace, in index order."
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)
+    ]
     return sorted(names, key=worker_index)
 
 
 def worker_index(name: str) -> int:
     "The index in a reward actor's name (`sao-reward-3` -> 3); names without one sort last."
-    tail = name[len(ACTOR_PREFIX):]
+    tail = name[len(ACTOR_PREFIX) :]
     return int(tail) if tail.isdigit() else 1 << 30
 
 
@@ -158,10 +175,22 @@ def actor_stats(ray, actors, timeout_s: float = 5.0) -> list:
 class RayRewardPool(QueuedPool):
     "`RewardPool` backend on Ray actors; see `sao_repro.reward.RewardPool`."
 
-    def __init__(self, workers: int = 2, timeout_s: float = 5.0, *, address: str | None = None,
-                 attach: bool = True, resources: dict | None = None, avoid_head: bool = True,
-                 batch_size: int = 16, inflight: int = 2, max_retries: int = 1, scorer=None,
-                 memory_mb: int | None = 4096, num_cpus: float = 1.0):
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        *,
+        address: str | None = None,
+        attach: bool = True,
+        resources: dict | None = None,
+        avoid_head: bool = True,
+        batch_size: int = 16,
+        inflight: int = 2,
+        max_retries: int = 1,
+        scorer=None,
+        memory_mb: int | None = 4096,
+        num_cpus: float = 1.0,
+    ):
         super().__init__(RetryPolicy(timeout_s=timeout_s, max_retries=max_retries))
         ray = self._ray = import_ray()
         if not ray.is_initialized():
@@ -169,11 +198,19 @@ class RayRewardPool(QueuedPool):
             try:
                 ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False)
             except ConnectionError as e:
-                raise RuntimeError(f"reward.backend=ray: no Ray cluster at {address!r} ({e}); start Ray and "
-                                   "`sao-repro reward-workers start`, or use reward.backend=local") from e
+                raise RuntimeError(
+                    f"reward.backend=ray: no Ray cluster at {address!r} ({e}); start Ray and "
+                    "`sao-repro reward-workers start`, or use reward.backend=local"
+                ) from e
         self.n_workers, self.batch_size, self.inflight = workers, batch_size, inflight
-        self._mk = dict(timeout_s=self.timeout_s, scorer=scorer, memory_mb=memory_mb, resources=resources,
-                        avoid_head=avoid_head, num_cpus=num_cpus)
+        self._mk = dict(
+            timeout_s=self.timeout_s,
+            scorer=scorer,
+            memory_mb=memory_mb,
+            resources=resources,
+            avoid_head=avoid_head,
+            num_cpus=num_cpus,
+        )
         self._owned = not (attach and self._attach())
         if self._owned:
             self._actors = [make_actor(ray, i, **self._mk) for i in range(workers)]

@@ -63,35 +63,73 @@ def connect(address: str = "auto", local: bool = False, num_cpus: int | None = N
         return ray
     except ConnectionError as e:
         if not local:
-            raise CtlError(f"no Ray cluster at --address {address} ({e}); start one (`ray start --head` on the "
-                           "head node, `ray start --address HEAD:6379` on the others) or pass --local") from e
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--include-dashboard=false",
-           "--disable-usage-stats"] + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
+            raise CtlError(
+                f"no Ray cluster at --address {address} ({e}); start one (`ray start --head` on the "
+                "head node, `ray start --address HEAD:6379` on the others) or pass --local"
+            ) from e
+    cmd = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ] + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     print("started a local Ray head (stop it with `ray stop` when done)")
     ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False)
     return ray
 
 # %% ../../nbs/55_reward.workers.ipynb #9f54443c
-def cmd_start(ray, workers: int, timeout_s: float, resources: dict | None, avoid_head: bool,
-              memory_mb: int | None, num_cpus: float = 1.0, wait_s: float = 300.0) -> int:
+def cmd_start(
+    ray,
+    workers: int,
+    timeout_s: float,
+    resources: dict | None,
+    avoid_head: bool,
+    memory_mb: int | None,
+    num_cpus: float = 1.0,
+    wait_s: float = 300.0,
+) -> int:
     "Create (or keep) detached actors 0..N-1, stop any beyond N, wait until all answer."
-    cfg = dict(workers=workers, timeout_s=timeout_s, resources=resources, avoid_head=avoid_head, memory_mb=memory_mb,
-               num_cpus=num_cpus)
+    cfg = dict(
+        workers=workers,
+        timeout_s=timeout_s,
+        resources=resources,
+        avoid_head=avoid_head,
+        memory_mb=memory_mb,
+        num_cpus=num_cpus,
+    )
     total = ray.cluster_resources().get("CPU", 0)
     if workers * num_cpus > total:
-        raise CtlError(f"{workers} workers x {num_cpus:g} CPU > the cluster's {total:g} CPUs; "
-                       "use fewer --workers or a smaller --cpus-per-worker")
-    actors = [make_actor(ray, i, timeout_s=timeout_s, resources=resources, avoid_head=avoid_head,
-                         memory_mb=memory_mb, num_cpus=num_cpus, detached=True) for i in range(workers)]
+        raise CtlError(
+            f"{workers} workers x {num_cpus:g} CPU > the cluster's {total:g} CPUs; "
+            "use fewer --workers or a smaller --cpus-per-worker"
+        )
+    actors = [
+        make_actor(
+            ray,
+            i,
+            timeout_s=timeout_s,
+            resources=resources,
+            avoid_head=avoid_head,
+            memory_mb=memory_mb,
+            num_cpus=num_cpus,
+            detached=True,
+        )
+        for i in range(workers)
+    ]
     for name in list_workers(ray):
         if workers <= worker_index(name) < 1 << 30:
             ray.kill(get_worker(ray, name), no_restart=True)
     try:
         ray.get([a.ping.remote() for a in actors], timeout=wait_s)
     except Exception as e:
-        raise CtlError(f"reward workers did not come up within {wait_s:.0f} s ({type(e).__name__}); "
-                       "check `ray status` for free CPUs / the placement resources") from e
+        raise CtlError(
+            f"reward workers did not come up within {wait_s:.0f} s ({type(e).__name__}); "
+            "check `ray status` for free CPUs / the placement resources"
+        ) from e
     _kv_put(ray, cfg)
     print(f"started {workers} reward workers (timeout {timeout_s:g} s) in Ray namespace {NAMESPACE!r}")
     return 0
@@ -108,10 +146,18 @@ def worker_table(ray, expected: int | None = None) -> list[dict]:
     rows = []
     for name, h in zip(names, handles):
         s = next(it) if h is not None else None
-        rows.append({"name": name, "alive": s is not None, "node": (s or {}).get("node_id", "")[:12],
-                     "pid": (s or {}).get("pid"), "in_flight": (s or {}).get("reward/in_flight"),
-                     "done": (s or {}).get("reward/done"), "timeouts": (s or {}).get("reward/timeouts"),
-                     "restarts": (s or {}).get("reward/restarts")})
+        rows.append(
+            {
+                "name": name,
+                "alive": s is not None,
+                "node": (s or {}).get("node_id", "")[:12],
+                "pid": (s or {}).get("pid"),
+                "in_flight": (s or {}).get("reward/in_flight"),
+                "done": (s or {}).get("reward/done"),
+                "timeouts": (s or {}).get("reward/timeouts"),
+                "restarts": (s or {}).get("reward/restarts"),
+            }
+        )
     return rows
 
 # %% ../../nbs/55_reward.workers.ipynb #fd0706f2
@@ -170,9 +216,16 @@ def watch_once(ray, cfg: dict) -> list[str]:
         if not ok:
             if h is not None:
                 kill_and_free(ray, h, name)
-            make_actor(ray, i, timeout_s=cfg["timeout_s"], resources=cfg.get("resources"),
-                       avoid_head=cfg.get("avoid_head", True), memory_mb=cfg.get("memory_mb", 4096),
-                       num_cpus=cfg.get("num_cpus", 1.0), detached=True)
+            make_actor(
+                ray,
+                i,
+                timeout_s=cfg["timeout_s"],
+                resources=cfg.get("resources"),
+                avoid_head=cfg.get("avoid_head", True),
+                memory_mb=cfg.get("memory_mb", 4096),
+                num_cpus=cfg.get("num_cpus", 1.0),
+                detached=True,
+            )
             restarted.append(name)
     return restarted
 
@@ -202,22 +255,35 @@ def cmd_watch(ray, interval_s: float, iterations: int | None, workers: int | Non
 
 # %% ../../nbs/55_reward.workers.ipynb #e68e50c8
 def reward_workers_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sao-repro reward-workers",
-                                description="Manage long-lived reward verification workers (detached Ray actors).")
+    p = argparse.ArgumentParser(
+        prog="sao-repro reward-workers",
+        description="Manage long-lived reward verification workers (detached Ray actors).",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, help_ in [("start", "start N workers"), ("stop", "drain and stop all workers"),
-                        ("status", "show worker health"), ("watch", "keep workers alive, print status")]:
+    for name, help_ in [
+        ("start", "start N workers"),
+        ("stop", "drain and stop all workers"),
+        ("status", "show worker health"),
+        ("watch", "keep workers alive, print status"),
+    ]:
         s = sub.add_parser(name, help=help_, description=help_)
         s.add_argument("--address", default="auto", help="Ray cluster address (default: auto = the running cluster)")
         if name in ("start", "watch"):
-            s.add_argument("--workers", type=int, default=None if name == "watch" else 2,
-                           help="number of worker actors (start default 2; watch default: as started)")
+            s.add_argument(
+                "--workers",
+                type=int,
+                default=None if name == "watch" else 2,
+                help="number of worker actors (start default 2; watch default: as started)",
+            )
             s.add_argument("--timeout-s", type=float, default=5.0, help="hard per-item verification limit (s)")
         if name == "start":
             s.add_argument("--local", action="store_true", help="start a local Ray head if no cluster is running")
             s.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local head (with --local)")
-            s.add_argument("--resources", default=None,
-                           help='JSON custom resources per worker, e.g. \'{"reward": 1}\' (train nodes advertise it)')
+            s.add_argument(
+                "--resources",
+                default=None,
+                help="JSON custom resources per worker, e.g. '{\"reward\": 1}' (train nodes advertise it)",
+            )
             s.add_argument("--any-node", action="store_true", help="allow workers on the Ray head node")
             s.add_argument("--memory-mb", type=int, default=4096, help="address-space cap per verifier (MiB)")
             s.add_argument("--cpus-per-worker", type=float, default=1.0, help="Ray CPUs reserved per worker actor")
@@ -227,7 +293,9 @@ def reward_workers_parser() -> argparse.ArgumentParser:
             s.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "watch":
             s.add_argument("--interval", type=float, default=10.0, help="seconds between checks")
-            s.add_argument("--iterations", type=int, default=None, help="stop after this many checks (default: forever)")
+            s.add_argument(
+                "--iterations", type=int, default=None, help="stop after this many checks (default: forever)"
+            )
     return p
 
 # %% ../../nbs/55_reward.workers.ipynb #8dbdcdce
@@ -238,8 +306,9 @@ def reward_workers_main(argv: list[str] | None = None) -> int:
         ray = connect(args.address, getattr(args, "local", False), getattr(args, "num_cpus", None))
         if args.cmd == "start":
             resources = json.loads(args.resources) if args.resources else None
-            return cmd_start(ray, args.workers, args.timeout_s, resources, not args.any_node, args.memory_mb,
-                             args.cpus_per_worker)
+            return cmd_start(
+                ray, args.workers, args.timeout_s, resources, not args.any_node, args.memory_mb, args.cpus_per_worker
+            )
         if args.cmd == "stop":
             return cmd_stop(ray, args.drain_timeout)
         if args.cmd == "status":

@@ -21,11 +21,16 @@ from .run import run_one
 from .server import VLLMServer
 
 # %% ../../../nbs/44e_areal.rehearsal.bench.ipynb #8f3fcd0f
-PHASES = {"rollout+reward": ("rollout",), "critic": ("critic_values", "critic_train_step"),
-          "actor": ("recompute_logp", "compute_advantage", "train_step"), "weight update": ("update_weights",),
-          "checkpoint": ("checkpoint_for_recover", "save")}
+PHASES = {
+    "rollout+reward": ("rollout",),
+    "critic": ("critic_values", "critic_train_step"),
+    "actor": ("recompute_logp", "compute_advantage", "train_step"),
+    "weight update": ("update_weights",),
+    "checkpoint": ("checkpoint_for_recover", "save"),
+}
 
-def phase_seconds(run_dir:str|Path) -> tuple[int, dict]:
+
+def phase_seconds(run_dir: str | Path) -> tuple[int, dict]:
     "(steps, mean seconds per step of each phase) from a run's metrics.jsonl (AReaL's timeperf/* timers)."
     rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     out = {}
@@ -34,46 +39,75 @@ def phase_seconds(run_dir:str|Path) -> tuple[int, dict]:
     return len(rows), out
 
 # %% ../../../nbs/44e_areal.rehearsal.bench.ipynb #e5f2a6b9
-def bench_rehearsal(steps:int=3, settings:list[str]|None=None, scheduler:str="spmd", engine:str="vllm", engine_dtype:str="float32"):
+def bench_rehearsal(
+    steps: int = 3,
+    settings: list[str] | None = None,
+    scheduler: str = "spmd",
+    engine: str = "vllm",
+    engine_dtype: str = "float32",
+):
     "Print the rehearsal's per-phase seconds per step, fixed cost, server start and peak RSS per setting; returns the rows."
     import tempfile
+
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import sao_repro.areal.trainer, sao_repro.areal.train"], check=True)
     import_s = time.time() - t0
     assets = tiny_assets()
     rows, total = [], time.time()
     with tempfile.TemporaryDirectory() as td:
-        server = VLLMServer(Path(td) / "areal" / "vllm_server.log") if engine == "vllm" and scheduler == "spmd" else None
+        server = (
+            VLLMServer(Path(td) / "areal" / "vllm_server.log") if engine == "vllm" and scheduler == "spmd" else None
+        )
         try:
             for s in settings or list_settings():
-                rec = run_one(plan(s, assets, td, steps=steps, scheduler=scheduler, sample_dtype=engine_dtype, engine=engine),
-                              progress=False, server=server)
+                rec = run_one(
+                    plan(s, assets, td, steps=steps, scheduler=scheduler, sample_dtype=engine_dtype, engine=engine),
+                    progress=False,
+                    server=server,
+                )
                 if rec["returncode"] != 0:
                     raise RuntimeError(f"{s} failed: see {rec['run_dir']}/main.log")
                 n, ph = phase_seconds(rec["run_dir"])
                 step_s = sum(ph.values())
-                rows.append({"setting": s, "wall_s": rec["seconds"], "fixed_s": rec["seconds"] - n * step_s, "step_s": step_s,
-                             **ph, "peak_rss_mb": rec["peak_rss_mb"], "server_start_s": rec.get("server_start_s") or 0.0,
-                             "server_reset_s": rec.get("server_reset_s") or 0.0, "server_rss_mb": rec.get("server_peak_rss_mb", 0)})
+                rows.append(
+                    {
+                        "setting": s,
+                        "wall_s": rec["seconds"],
+                        "fixed_s": rec["seconds"] - n * step_s,
+                        "step_s": step_s,
+                        **ph,
+                        "peak_rss_mb": rec["peak_rss_mb"],
+                        "server_start_s": rec.get("server_start_s") or 0.0,
+                        "server_reset_s": rec.get("server_reset_s") or 0.0,
+                        "server_rss_mb": rec.get("server_peak_rss_mb", 0),
+                    }
+                )
         finally:
             if server is not None:
                 server.stop()
     total = time.time() - total
     cols = ["setting", "wall_s", "fixed_s", "step_s", *PHASES, "peak_rss_mb", "server_rss_mb"]
-    print(f"rehearsal: {len(rows)} settings x {steps} steps, {engine} engine ({engine_dtype}), {scheduler} scheduler; "
-          f"imports alone (one process): {import_s:.1f} s")
+    print(
+        f"rehearsal: {len(rows)} settings x {steps} steps, {engine} engine ({engine_dtype}), {scheduler} scheduler; "
+        f"imports alone (one process): {import_s:.1f} s"
+    )
     if server is not None:
-        print(f"vLLM server: healthy {rows[0]['server_start_s']:.1f} s after its start (one for all settings, beside the first "
-              f"trainer's start); reset to a run's initial weights {max(r['server_reset_s'] for r in rows):.2f} s at most")
+        print(
+            f"vLLM server: healthy {rows[0]['server_start_s']:.1f} s after its start (one for all settings, beside the first "
+            f"trainer's start); reset to a run's initial weights {max(r['server_reset_s'] for r in rows):.2f} s at most"
+        )
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(r[c] if isinstance(r[c], str) else f"{r[c]:.2f}" for c in cols) + " |")
     target = 360 if engine == "vllm" else 240
-    print(f"total {total:.0f} s for {len(rows)} settings x {steps} steps (target < {target} s: {'met' if total < target else 'NOT met'}); "
-          f"fixed cost {sum(r['fixed_s'] for r in rows) / total:.0%} of it")
+    print(
+        f"total {total:.0f} s for {len(rows)} settings x {steps} steps (target < {target} s: {'met' if total < target else 'NOT met'}); "
+        f"fixed cost {sum(r['fixed_s'] for r in rows) / total:.0%} of it"
+    )
     return rows
 
-def bench_rehearsal_main(argv:list[str]|None=None) -> int:
+
+def bench_rehearsal_main(argv: list[str] | None = None) -> int:
     "`python -m sao_repro.bench rehearsal [--engine vllm|stand-in] [--engine-dtype D] [--steps N] [--scheduler S]`."
     p = argparse.ArgumentParser(prog="python -m sao_repro.bench rehearsal")
     p.add_argument("--engine", choices=ENGINES, default="vllm")

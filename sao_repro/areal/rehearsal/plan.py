@@ -30,6 +30,7 @@ STAND_IN_ENGINE = "sao_repro.areal.cpu_server.CPURemotevLLMEngine"
 # what AReaL 1.0.4 imports on a CPU (module -> pip requirement), as scripts/install_dev.sh installs it
 AREAL_CPU_DEPS = areal_cpu_requirements()
 
+
 def missing_deps() -> list[str]:
     "pip requirements of AReaL's CPU path that are not importable here."
     return missing_requirements(AREAL_CPU_DEPS)
@@ -37,56 +38,70 @@ def missing_deps() -> list[str]:
 # %% ../../../nbs/44a_areal.rehearsal.plan.ipynb #035d7f53
 @dataclass
 class RehearsalRun:
-    setting:str
-    seed:int
-    steps:int
-    run_dir:Path
-    cmd:list
-    env:dict = field(default_factory=dict)
-    overrides:list = field(default_factory=list)
-    engine:str = "vllm"
-    assets:Path|None = None
+    setting: str
+    seed: int
+    steps: int
+    run_dir: Path
+    cmd: list
+    env: dict = field(default_factory=dict)
+    overrides: list = field(default_factory=list)
+    engine: str = "vllm"
+    assets: Path | None = None
+
 
 def overlay_trajectories() -> int:
     "Trajectories per step of a rehearsal: the overlay's `sao.trajectories_per_step` (G=8 settings take 1/8 as prompts)."
     import yaml
+
     return int(yaml.safe_load((repo_dir() / "configs" / OVERLAY).read_text())["sao"]["trajectories_per_step"])
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
 def plan(
-    setting:str, # registered setting
-    assets:Path, # `tiny_assets()` folder (model/, data/)
-    out:str|Path="runs_rehearsal", # runs root
-    seed:int=1, # random seed (the cluster configs' default)
-    steps:int=12, # training steps (sao leaves its 10 warmup steps)
-    scheduler:str="spmd", # spmd | local | ray
-    logprob_noise:float|None=None, # stand-in only: noise on the engine's log-probs (default 1.0 there)
-    sample_dtype:str="float32", # the engine's precision (`--engine-dtype`)
-    server_port:int|None=None, # spmd: the server's port
-    engine:str="vllm", # vllm | stand-in
-    critic_freeze:str="none", # a critic's frozen parameters (`sao.critic_freeze`); settings without a critic ignore it
-    rollout_ahead:bool=True, # rollout fills AReaL's staleness window before each step (`sao.rollout_ahead`, the overlay's default)
+    setting: str,  # registered setting
+    assets: Path,  # `tiny_assets()` folder (model/, data/)
+    out: str | Path = "runs_rehearsal",  # runs root
+    seed: int = 1,  # random seed (the cluster configs' default)
+    steps: int = 12,  # training steps (sao leaves its 10 warmup steps)
+    scheduler: str = "spmd",  # spmd | local | ray
+    logprob_noise: float | None = None,  # stand-in only: noise on the engine's log-probs (default 1.0 there)
+    sample_dtype: str = "float32",  # the engine's precision (`--engine-dtype`)
+    server_port: int | None = None,  # spmd: the server's port
+    engine: str = "vllm",  # vllm | stand-in
+    critic_freeze: str = "none",  # a critic's frozen parameters (`sao.critic_freeze`); settings without a critic ignore it
+    rollout_ahead: bool = True,  # rollout fills AReaL's staleness window before each step (`sao.rollout_ahead`, the overlay's default)
 ) -> RehearsalRun:
     "The command, environment and folder of one rehearsal run (nothing is started or written)."
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     if engine == "vllm" and logprob_noise:
-        raise ValueError("real vLLM's log-probs cannot be noised: use engine='stand-in', or sample_dtype='bfloat16' for a real mismatch")
+        raise ValueError(
+            "real vLLM's log-probs cannot be noised: use engine='stand-in', or sample_dtype='bfloat16' for a real mismatch"
+        )
     noise = (1.0 if logprob_noise is None else logprob_noise) if engine == "stand-in" else 0.0
     s = get_setting(setting)
     run_dir = (Path(out) / "areal" / setting / f"seed{seed}").resolve()
     fileroot = run_dir / "fileroot"
     per_step = overlay_trajectories()
-    ov = [f"seed={seed}", f"total_train_steps={steps}", f"actor.path={assets / 'model'}",
-          f"train_dataset.path={assets / 'data' / 'train.jsonl'}", f"train_dataset.batch_size={per_step // s.group_size}",
-          f"sao.run_dir={run_dir}", f"sao.reward_root={run_dir / 'reward'}",
-          f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot / 'name_resolve'}",
-          f"scheduler.type={'local' if scheduler == 'spmd' else scheduler}", "recover.mode=auto",  # AReaL saves recover info only in auto
-          f"vllm.dtype={sample_dtype}"]
+    ov = [
+        f"seed={seed}",
+        f"total_train_steps={steps}",
+        f"actor.path={assets / 'model'}",
+        f"train_dataset.path={assets / 'data' / 'train.jsonl'}",
+        f"train_dataset.batch_size={per_step // s.group_size}",
+        f"sao.run_dir={run_dir}",
+        f"sao.reward_root={run_dir / 'reward'}",
+        f"cluster.fileroot={fileroot}",
+        f"cluster.name_resolve.nfs_record_root={fileroot / 'name_resolve'}",
+        f"scheduler.type={'local' if scheduler == 'spmd' else scheduler}",
+        "recover.mode=auto",  # AReaL saves recover info only in auto
+        f"vllm.dtype={sample_dtype}",
+    ]
     if engine == "stand-in":
         ov.append(f"sao.rollout_engine={STAND_IN_ENGINE}")
     if s.critic and critic_freeze != "none":
@@ -94,24 +109,57 @@ def plan(
     if not rollout_ahead:
         ov.append("sao.rollout_ahead=false")
     server_opts = f"--logprob-noise {noise:g} --sample-dtype {sample_dtype} --seed {seed}"
-    env = {"SAO_WS": str(run_dir / "ws"), "MODEL_ROOT": str(assets), "REWARD_ROOT": str(run_dir / "reward"),
-           "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "WANDB_MODE": "disabled", "SAO_CPU_SERVER_OPTS": server_opts,
-           "SAO_REHEARSAL": json.dumps({"scheduler": scheduler, "engine": engine, "engine_dtype": sample_dtype,
-                                        "logprob_noise": noise, "sample_dtype": sample_dtype, "model": str(assets / "model"),
-                                        "rollout_ahead": rollout_ahead})}
+    env = {
+        "SAO_WS": str(run_dir / "ws"),
+        "MODEL_ROOT": str(assets),
+        "REWARD_ROOT": str(run_dir / "reward"),
+        "TORCH_COMPILE_DISABLE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "disabled",
+        "SAO_CPU_SERVER_OPTS": server_opts,
+        "SAO_REHEARSAL": json.dumps(
+            {
+                "scheduler": scheduler,
+                "engine": engine,
+                "engine_dtype": sample_dtype,
+                "logprob_noise": noise,
+                "sample_dtype": sample_dtype,
+                "model": str(assets / "model"),
+                "rollout_ahead": rollout_ahead,
+            }
+        ),
+    }
     if scheduler == "spmd":
-        env.update(AREAL_SPMD_MODE="1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(_free_port()), AREAL_LLM_SERVER_ADDRS=f"127.0.0.1:{server_port or 0}")
-    cmd = [sys.executable, "-m", "sao_repro.areal.train", "--config", str(setting_config(setting)),
-           "--overlay", str(repo_dir() / "configs" / OVERLAY), "--dotenv", os.devnull, *ov]
+        env.update(
+            AREAL_SPMD_MODE="1",
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+            AREAL_LLM_SERVER_ADDRS=f"127.0.0.1:{server_port or 0}",
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "sao_repro.areal.train",
+        "--config",
+        str(setting_config(setting)),
+        "--overlay",
+        str(repo_dir() / "configs" / OVERLAY),
+        "--dotenv",
+        os.devnull,
+        *ov,
+    ]
     return RehearsalRun(setting, seed, steps, run_dir, cmd, env, ov, engine, Path(assets))
 
 # %% ../../../nbs/44a_areal.rehearsal.plan.ipynb #fe3f853e
 class RehearsalError(RuntimeError):
     "A rehearsal that cannot start: the message says what to change."
 
-def check_run_dir(run_dir:Path, resume:bool, overwrite:bool):
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool):
     "Refuse to silently replace an earlier run; `overwrite` removes it (all but the run-folder lock this rehearsal holds)."
     entries = [p for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
     has_run = bool(entries)
@@ -121,9 +169,12 @@ def check_run_dir(run_dir:Path, resume:bool, overwrite:bool):
         for e in entries:
             shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
     elif has_run and not resume:
-        raise RehearsalError(f"{run_dir} already holds a run: continue it with --resume, or replace it with --overwrite")
+        raise RehearsalError(
+            f"{run_dir} already holds a run: continue it with --resume, or replace it with --overwrite"
+        )
 
-def check_resume_matches(run_dir:Path, **want):
+
+def check_resume_matches(run_dir: Path, **want):
     "On --resume: the options the run was started with (its config.json) must be given again; names each that differs."
     f = run_dir / "config.json"
     try:
@@ -131,10 +182,16 @@ def check_resume_matches(run_dir:Path, **want):
     except (OSError, ValueError):  # no run yet, or a torn config.json (the trainer writes it again)
         return
     reh, sao = cfg.get("rehearsal") or {}, cfg.get("sao") or {}
-    had = {"engine": reh.get("engine"), "engine_dtype": reh.get("engine_dtype"), "critic_freeze": sao.get("critic_freeze")}
+    had = {
+        "engine": reh.get("engine"),
+        "engine_dtype": reh.get("engine_dtype"),
+        "critic_freeze": sao.get("critic_freeze"),
+    }
     bad = [(k, had[k], v) for k, v in want.items() if had.get(k) is not None and had[k] != v]
     if bad:
         flag = lambda k: "--" + k.replace("_", "-")
-        raise RehearsalError(f"{run_dir} was started with {', '.join(f'{flag(k)} {h}' for k, h, _ in bad)}, this call has "
-                             f"{', '.join(f'{flag(k)} {v}' for k, _, v in bad)}: --resume continues a run only with the "
-                             "options it started with; give them again, or start over with --overwrite")
+        raise RehearsalError(
+            f"{run_dir} was started with {', '.join(f'{flag(k)} {h}' for k, h, _ in bad)}, this call has "
+            f"{', '.join(f'{flag(k)} {v}' for k, _, v in bad)}: --resume continues a run only with the "
+            "options it started with; give them again, or start over with --overwrite"
+        )

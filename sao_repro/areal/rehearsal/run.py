@@ -25,7 +25,8 @@ from .server import VLLMServer, _kill_group, _rss_mb, _start_server, _stop, wait
 # %% ../../../nbs/44c_areal.rehearsal.run.ipynb #c3a9d5e7
 STEP_RE = re.compile(rb"Train step (\d+)/\d+ done")
 
-def _steps_logged(run_dir:Path) -> int:
+
+def _steps_logged(run_dir: Path) -> int:
     f = run_dir / "metrics.jsonl"
     if not f.is_file():
         return 0
@@ -38,9 +39,12 @@ def _steps_logged(run_dir:Path) -> int:
     return len(steps)
 
 # %% ../../../nbs/44c_areal.rehearsal.run.ipynb #d8b1f0a4
-def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, server:"VLLMServer|None"=None) -> dict:
+def run_one(
+    run: RehearsalRun, server_port: int | None = None, progress: bool = True, server: "VLLMServer|None" = None
+) -> dict:
     "Start the server (spmd; `server`: the call's vLLM server, reset to the run's initial weights), run the trainer to the end, stop what it started; a summary record."
     from tqdm.auto import tqdm
+
     run.run_dir.mkdir(parents=True, exist_ok=True)
     stand_in, trainer, t0, peak, server_peak, rc, reset_s = None, None, time.time(), 0.0, 0.0, None, None
     env = {**os.environ, **run.env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}  # they end if we are killed
@@ -55,9 +59,13 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, ser
         if spmd and server is None:
             stand_in, port = _start_server(run, server_port)
             env["AREAL_LLM_SERVER_ADDRS"] = f"127.0.0.1:{port}"
-        with open(run.run_dir / "main.log", "ab") as log, \
-             tqdm(total=run.steps, desc=f"rehearse {run.setting}", unit="step", disable=not progress) as bar:
-            trainer = subprocess.Popen(run.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with (
+            open(run.run_dir / "main.log", "ab") as log,
+            tqdm(total=run.steps, desc=f"rehearse {run.setting}", unit="step", disable=not progress) as bar,
+        ):
+            trainer = subprocess.Popen(
+                run.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
             try:  # AReaL waits for the server too; this names the cause if it never comes up
                 if stand_in is not None:
                     wait_healthy(f"http://127.0.0.1:{port}", stand_in, log=run.run_dir / "cpu_server.log")
@@ -66,6 +74,7 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, ser
             except RehearsalError:
                 _stop(trainer)
                 raise
+
             def pump():  # the trainer's output into main.log, its steps onto the bar
                 nonlocal peak, server_peak
                 try:
@@ -80,9 +89,12 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, ser
                             bar.refresh()
                 except ValueError:  # main.log closed under it: we were interrupted
                     pass
+
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
-            while (rc := trainer.poll()) is None:  # a server that dies mid-run ends the run now, not at AReaL's request timeout
+            while (
+                rc := trainer.poll()
+            ) is None:  # a server that dies mid-run ends the run now, not at AReaL's request timeout
                 time.sleep(0.5)
                 if server is not None and server.proc.poll() is not None:
                     _stop(trainer)
@@ -94,15 +106,26 @@ def run_one(run:RehearsalRun, server_port:int|None=None, progress:bool=True, ser
         _stop(trainer)
         _stop(stand_in)
     note_exit(run.run_dir, rc, "rehearse")  # a trainer killed without a word: an `error` event with its signal
-    rec = {"setting": run.setting, "seed": run.seed, "run_dir": str(run.run_dir), "returncode": rc,
-           "seconds": round(time.time() - t0, 1), "steps": _steps_logged(run.run_dir), "peak_rss_mb": round(peak)}
+    rec = {
+        "setting": run.setting,
+        "seed": run.seed,
+        "run_dir": str(run.run_dir),
+        "returncode": rc,
+        "seconds": round(time.time() - t0, 1),
+        "steps": _steps_logged(run.run_dir),
+        "peak_rss_mb": round(peak),
+    }
     if server is not None:
-        rec.update(server_start_s=server.start_s, server_reset_s=reset_s, server_peak_rss_mb=round(server_peak),
-                   server_log=str(server.log))
+        rec.update(
+            server_start_s=server.start_s,
+            server_reset_s=reset_s,
+            server_peak_rss_mb=round(server_peak),
+            server_log=str(server.log),
+        )
     return rec
 
 # %% ../../../nbs/44c_areal.rehearsal.run.ipynb #d2a0d5ba
-def ensure_ray() -> str|None:
+def ensure_ray() -> str | None:
     """Start a local Ray head unless one runs; the session this call started (`stop_ray_session` ends it and nothing
     else: a bare `ray stop` would end every Ray on the machine), else None."""
     if ray_running():
@@ -113,11 +136,14 @@ def ensure_ray() -> str|None:
             stop_ray_session(session)
         raise RehearsalError(f"could not start a local Ray head ({' '.join(CPU_RAY_HEAD)}):\n{p.stderr[-2000:]}")
     if not session:
-        print(f"rehearse: started a Ray head but found no new session under {RAY_TEMP}; it is left running", file=sys.stderr)
+        print(
+            f"rehearse: started a Ray head but found no new session under {RAY_TEMP}; it is left running",
+            file=sys.stderr,
+        )
     return session
 
 # %% ../../../nbs/44c_areal.rehearsal.run.ipynb #c4d2e002
-def engine_agreement(run_dir:str|Path, tol:float=1e-4) -> str:
+def engine_agreement(run_dir: str | Path, tol: float = 1e-4) -> str:
     "One line: did every step's batch come from the weights the trainer had (log-prob gap <= `tol`)? Names the first step that did not."
     rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
     cfg_file = Path(run_dir) / "config.json"
@@ -131,7 +157,12 @@ def engine_agreement(run_dir:str|Path, tol:float=1e-4) -> str:
     if not bad:
         return f"{run_dir}: engine agrees with the trainer at all {len(gaps)} steps (largest log-prob gap {worst:.1e} <= {tol:g})"
     step, gap, v = bad[0]
-    why = ("expected: the engine runs in bfloat16" if dtype == "bfloat16" else
-           "stale or unloaded weights: the engine did not serve AReaL's version")
-    return (f"{run_dir}: STALE? {len(bad)}/{len(gaps)} steps with a log-prob gap > {tol:g}, first at step {step} "
-            f"(gap {gap:.3f}, batch from version {v if v is None else int(v)}; engine dtype {dtype}): {why}")
+    why = (
+        "expected: the engine runs in bfloat16"
+        if dtype == "bfloat16"
+        else "stale or unloaded weights: the engine did not serve AReaL's version"
+    )
+    return (
+        f"{run_dir}: STALE? {len(bad)}/{len(gaps)} steps with a log-prob gap > {tol:g}, first at step {step} "
+        f"(gap {gap:.3f}, batch from version {v if v is None else int(v)}; engine dtype {dtype}): {why}"
+    )

@@ -22,7 +22,9 @@ from ..train import PARENT_ENV
 from .plan import OVERLAY, RehearsalError, RehearsalRun, _free_port
 
 # %% ../../../nbs/44b_areal.rehearsal.server.ipynb #b7e2c4a1
-def wait_healthy(url:str, proc:subprocess.Popen, timeout_s:float=120.0, log:Path|None=None, name:str="the CPU server"):
+def wait_healthy(
+    url: str, proc: subprocess.Popen, timeout_s: float = 120.0, log: Path | None = None, name: str = "the CPU server"
+):
     "Wait until `url`/health answers; fail early with the server's log if the process ends."
     t0 = time.time()
     while time.time() - t0 < timeout_s:
@@ -40,19 +42,36 @@ def wait_healthy(url:str, proc:subprocess.Popen, timeout_s:float=120.0, log:Path
 # %% ../../../nbs/44b_areal.rehearsal.server.ipynb #a9e1c002
 class VLLMServer:
     "AReaL's vLLM server from .venv-vllm for spmd rehearsals: start, health, reset to a run's initial weights, stop."
-    def __init__(self, log:Path, port:int|None=None, timeout_s:float=600.0):
+
+    def __init__(self, log: Path, port: int | None = None, timeout_s: float = 600.0):
         self.log, self.port, self.timeout_s, self.proc = Path(log), port or _free_port(), timeout_s, None
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_s = None  # seconds from start to healthy
 
-    def start(self, run:RehearsalRun) -> "VLLMServer":
+    def start(self, run: RehearsalRun) -> "VLLMServer":
         "Start the server for `run`'s composed config (not waiting: the trainer imports meanwhile)."
         from .vllm_server import MODULE, launch, server_env, server_python
+
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [str(server_python()), "-m", MODULE, "from-config", "--config", str(setting_config(run.setting)),
-               "--overlay", str(repo_dir() / "configs" / OVERLAY), "--host", "127.0.0.1", "--port", str(self.port), *run.overrides]
+        cmd = [
+            str(server_python()),
+            "-m",
+            MODULE,
+            "from-config",
+            "--config",
+            str(setting_config(run.setting)),
+            "--overlay",
+            str(repo_dir() / "configs" / OVERLAY),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *run.overrides,
+        ]
         with open(self.log, "ab") as f:
-            f.write(f"\n== sao-repro rehearse: starting the vLLM server on port {self.port} at {time.ctime()}\n".encode())
+            f.write(
+                f"\n== sao-repro rehearse: starting the vLLM server on port {self.port} at {time.ctime()}\n".encode()
+            )
         self._t0 = time.time()
         self.proc = launch(cmd, log=self.log, env=server_env({**os.environ, **run.env}))
         with open(self.log, "ab") as f:  # its process group: what `stop` ends (engine and worker included)
@@ -70,30 +89,41 @@ class VLLMServer:
             raise
         if not self._owns_port():
             self.stop()
-            raise RehearsalError(f"port {self.port} is answered by a process this rehearsal did not start; "
-                                 f"leave --port out for a free one (log: {self.log})")
+            raise RehearsalError(
+                f"port {self.port} is answered by a process this rehearsal did not start; "
+                f"leave --port out for a free one (log: {self.log})"
+            )
         self.start_s = time.time() - self._t0
 
     def _owns_port(self) -> bool:
         import psutil
+
         try:
             procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-            return any(c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
-                       for p in procs for c in p.net_connections(kind="tcp"))
+            return any(
+                c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
+                for p in procs
+                for c in p.net_connections(kind="tcp")
+            )
         except psutil.Error:
             return False
 
-    def check(self, during:str=""):
+    def check(self, during: str = ""):
         "RehearsalError naming the log if the server is gone."
         if self.proc is not None and self.proc.poll() is not None:
-            raise RehearsalError(f"the vLLM server exited with code {self.proc.returncode}{during}; see its log {self.log}")
+            raise RehearsalError(
+                f"the vLLM server exited with code {self.proc.returncode}{during}; see its log {self.log}"
+            )
 
-    def reset(self, model_path:str|Path) -> float:
+    def reset(self, model_path: str | Path) -> float:
         "Load `model_path` into the server (AReaL's /areal_update_weights); returns the seconds it took."
         self.wait()
         t0 = time.time()
-        req = urllib.request.Request(self.url + "/areal_update_weights", data=json.dumps({"model_path": str(model_path)}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/areal_update_weights",
+            data=json.dumps({"model_path": str(model_path)}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 ok = json.loads(r.read()).get("success")
@@ -113,17 +143,30 @@ class VLLMServer:
             _kill_group(self.proc)
 
 # %% ../../../nbs/44b_areal.rehearsal.server.ipynb #83ef1239
-def _start_server(run:RehearsalRun, port:int|None) -> tuple[subprocess.Popen, int]:
+def _start_server(run: RehearsalRun, port: int | None) -> tuple[subprocess.Popen, int]:
     "Start the CPU server for an spmd run (not waiting for it: the trainer imports meanwhile); returns (process, port)."
     port = port or _free_port()
     opts = run.env["SAO_CPU_SERVER_OPTS"].split()
-    proc = subprocess.Popen([sys.executable, "-m", "sao_repro.areal.cpu_server", "--model", json.loads(run.env["SAO_REHEARSAL"])["model"],
-                             "--port", str(port), *opts], stdout=open(run.run_dir / "cpu_server.log", "ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sao_repro.areal.cpu_server",
+            "--model",
+            json.loads(run.env["SAO_REHEARSAL"])["model"],
+            "--port",
+            str(port),
+            *opts,
+        ],
+        stdout=open(run.run_dir / "cpu_server.log", "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
+    )
     return proc, port
 
-def _stop(proc:subprocess.Popen|None, grace_s:float=10.0):
+
+def _stop(proc: subprocess.Popen | None, grace_s: float = 10.0):
     "Stop a process group: SIGINT, then SIGKILL after `grace_s`."
     if proc is None or proc.poll() is not None:
         return
@@ -139,16 +182,18 @@ def _stop(proc:subprocess.Popen|None, grace_s:float=10.0):
             pass
 
 # %% ../../../nbs/44b_areal.rehearsal.server.ipynb #f224d722
-def _rss_mb(proc:subprocess.Popen) -> float:
+def _rss_mb(proc: subprocess.Popen) -> float:
     "Resident memory of a process and its children, in MB (0 if it is gone)."
     import psutil
+
     try:
         p = psutil.Process(proc.pid)
         return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)]) / 2**20
     except psutil.Error:
         return 0.0
 
-def _kill_group(proc:subprocess.Popen):
+
+def _kill_group(proc: subprocess.Popen):
     "SIGKILL what is left of a finished process's group (it was started in a session of its own)."
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -8,11 +8,19 @@
 It loads areal/utils/logging.py and areal/utils/printing.py from the wheel by file path and replays what
 StatsLogger.commit logs for 3 steps (step 3 has a NaN actor loss), then "Training completes!".
 """
+
 import importlib.util, sys, math, os, shutil
+
 sys.path.insert(0, "/tmp/areal_whl_mon/deps")
+
+
 def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
 src = "/tmp/areal_whl_mon/src/areal/utils"
 alog = load("areal_logging", f"{src}/logging.py")
 apr = load("areal_printing", f"{src}/printing.py")
@@ -43,7 +51,7 @@ for gs in range(total):
         "timeperf/train_step": 12.5,
         "ppo_actor/update/grad_norm__count": 1,
     }
-    logger.info(f"Epoch 1/1 Step {gs+1}/{total} Train step {gs+1}/{total} done.")
+    logger.info(f"Epoch 1/1 Step {gs + 1}/{total} Train step {gs + 1}/{total} done.")
     item = {k: v for k, v in item.items() if not k.endswith("__count")}
     logger.info("Stats (1/1):")
     logger.info("\n" + apr.tabulate_stats(item))
