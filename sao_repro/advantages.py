@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/advantages.html.md"""
 from __future__ import annotations
 import functools
 import inspect
-from typing import Callable
+from collections.abc import Callable
 import torch
 from .core import Registry, check_shape, check_mask
 from .gae import skip_obs_gae, sequence_reward_to_tokens

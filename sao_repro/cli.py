@@ -135,7 +135,7 @@ def settings_main(argv: list[str] | None = None) -> int:
     for s in settings:
         band = band_label(s.band, s.dis_preset)
         print(
-            f"{s.name:<13} {s.group_size:>2} {('K=%d' % s.critic_k) if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}"
+            f"{s.name:<13} {s.group_size:>2} {f'K={s.critic_k}' if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}"
         )
     from dataclasses import fields
     from sao_repro.settings import KNOB_CHECKS, Setting

@@ -6,11 +6,10 @@ Docs: https://sao-repro.github.io/sao-repro/critic.html.md"""
 
 # %% ../nbs/14_critic.ipynb #5464827c
 from __future__ import annotations
-import math
 import torch
 from torch import nn
 from fastcore.basics import patch
-from .core import check_shape, check_mask, masked_mean, masked_var
+from .core import check_shape, check_mask, masked_var
 from .loss import value_loss
 
 # %% auto #0

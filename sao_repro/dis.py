@@ -18,7 +18,8 @@ __all__ = ['DIS_CONVENTIONS', 'DIS_BAND_PRESETS', 'DEFAULT_DIS_PRESET', 'DIS_LEV
 # %% ../nbs/10_dis.ipynb #c35b9421
 DIS_CONVENTIONS = ("absolute", "eps")
 
-DIS_BAND_PRESETS = {  # name -> the two numbers as the source writes them, their convention, and the source
+# name -> the two numbers as the source writes them, their convention, and the source
+DIS_BAND_PRESETS: dict[str, dict] = {
     "reference": {
         "lower": 0.3,
         "upper": 5.0,
@@ -42,8 +43,7 @@ DEFAULT_DIS_PRESET = "reference"
 
 
 def dis_band(
-    lower: float
-    | str = 0.3,  # a preset name (`DIS_BAND_PRESETS`), or `absolute`: lowest kept ratio; `eps`: eps_low, the band starts at 1 - lower
+    lower: float | str = 0.3,  # a preset name, or `absolute`: lowest kept ratio; `eps`: the band starts at 1 - lower
     upper: float = 5.0,  # `absolute`: highest kept ratio; `eps`: eps_high, the band ends at 1 + upper (ignored with a preset)
     convention: str = "absolute",  # how to read the two numbers: "absolute" or "eps" (ignored with a preset)
 ) -> tuple[float, float]:
@@ -54,7 +54,9 @@ def dis_band(
     if convention not in DIS_CONVENTIONS:
         raise ValueError(f"unknown DIS band convention {convention!r}; use one of {', '.join(DIS_CONVENTIONS)}")
     lo, hi = (
-        (float(lower), float(upper)) if convention == "absolute" else (round(1.0 - lower, 12), round(1.0 + upper, 12))
+        (float(lower), float(upper))
+        if convention == "absolute"
+        else (round(1.0 - float(lower), 12), round(1.0 + float(upper), 12))
     )
     _check_band(lo, hi, convention)
     return lo, hi

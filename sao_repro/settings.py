@@ -268,7 +268,7 @@ register_setting(
         dis_band="reference",
         advantage="batch_norm",
     )
-);
+)
 
 # %% ../nbs/15_settings.ipynb #0e2076b8
 SETTING_COLORS = {

@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,24 +20,24 @@ import importlib.util
 if importlib.util.find_spec("areal") is None:
     pytest.skip("areal==1.0.4 is not installed (bash scripts/install_dev.sh)", allow_module_level=True)
 
-from areal.api.cli_args import PPOActorConfig, RejectionSamplingConfig  # noqa: E402
-from areal.trainer.ppo.actor import PPOActor, grpo_loss_fn  # noqa: E402
-from areal.utils.functional import apply_rejection_sampling  # noqa: E402
-from areal.utils.stats_tracker import DistributedStatsTracker, ReduceType  # noqa: E402
+from areal.api.cli_args import PPOActorConfig, RejectionSamplingConfig
+from areal.trainer.ppo.actor import PPOActor, grpo_loss_fn
+from areal.utils.functional import apply_rejection_sampling
+from areal.utils.stats_tracker import DistributedStatsTracker, ReduceType
 
-from sao_repro.areal.algo import RunningMeanRewardNorm, log_dis_stats, areal_actor_keys  # noqa: E402
+from sao_repro.areal.algo import RunningMeanRewardNorm, log_dis_stats, areal_actor_keys
 from sao_repro.areal.config import (
     SAOActorConfig,
     SAOConfig,
     SAOSection,
-    load_sao_config,  # noqa: E402
+    load_sao_config,
     setting_mismatches,
     config_yaml,
 )
-from sao_repro.areal.trainer import SAOPPOActor, SAOPPOCritic  # noqa: E402
-from sao_repro.advantages import RunningMeanBaseline  # noqa: E402
-from sao_repro.loss import policy_loss  # noqa: E402
-from sao_repro.settings import get_setting, list_settings  # noqa: E402
+from sao_repro.areal.trainer import SAOPPOActor, SAOPPOCritic
+from sao_repro.advantages import RunningMeanBaseline
+from sao_repro.loss import policy_loss
+from sao_repro.settings import get_setting, list_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -525,7 +524,7 @@ def test_engine_classes_resolve_by_dotted_path_names():
     assert E.engine_class_name("actor", "fsdp") == "SAOFSDPPPOActor"
     assert set(E.ENGINE_BASES) == {"SAOFSDPPPOActor", "SAOFSDPPPOCritic", "SAOMegatronPPOActor", "SAOMegatronPPOCritic"}
     with pytest.raises(AttributeError):
-        E.NoSuchEngine
+        _ = E.NoSuchEngine
 
 
 def test_actor_keys_table_covers_all_settings():

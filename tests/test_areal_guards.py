@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sao_repro.areal import guards as G
-from sao_repro.areal.launch import SETTING_CONFIGS, start_ray_head, stop_ray_session
+from sao_repro.areal.launch import start_ray_head, stop_ray_session
 from sao_repro.areal.rehearse import missing_deps
 
 needs_areal = pytest.mark.skipif(bool(missing_deps()), reason=f"AReaL's CPU dependencies missing: {missing_deps()}")

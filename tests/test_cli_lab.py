@@ -1,7 +1,6 @@
 """`sao-repro lab` keeps its token to its owner: never on any process's command line (what `ps` shows every user),
 read by the server from a private file; the server's runtime files that hold it are removed on Ctrl-C."""
 
-import json
 import os
 import re
 import signal

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sao_repro.mini.cli import compare_main, execute_run, find_run_notebook, run_main
-from sao_repro.mini.train import ConfigChangeError, RunExistsError, checkpoints, read_metrics, train_run
+from sao_repro.mini.train import ConfigChangeError, NonFiniteError, RunExistsError, checkpoints, read_metrics, train_run
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_compare_skips_finished_runs_and_refuses_nothing_silently(tmp_path, caps
 def test_resume_after_torn_logs_and_corrupt_checkpoint_equals_uninterrupted(tmp_path):
     full = train_run(smoke_cfg("grpo_dis", tmp_path / "a", steps=6, ckpt_every=2), log=None)
     crash = smoke_cfg("grpo_dis", tmp_path / "b", steps=6, ckpt_every=2, debug_nan_step=5)
-    with pytest.raises(Exception):
+    with pytest.raises(NonFiniteError):
         train_run(crash, log=None)
     d = crash.run_dir()
     assert [p.name for p in checkpoints(d)] == ["step_000002.pt", "step_000004.pt"]
@@ -444,7 +444,7 @@ def _bad_configs(tmp_path: Path) -> dict:
     base = (ROOT / "configs" / "phase2_hard_base.yaml").read_text()
     (tmp_path / "phase2_hard_base.yaml").write_text(base)
     head = "defaults:\n  - phase2_hard_base\n  - _self_\n"
-    chain = "".join(f'k{i}: "' + ("${k%d}" % (i - 1) if i else "xxxxxxxx") * 2 + '"\n' for i in range(40))
+    chain = "".join(f'k{i}: "' + (f"${{k{i - 1}}}" if i else "xxxxxxxx") * 2 + '"\n' for i in range(40))
     files = {
         "typo": head + "actr:\n  kl_ctl: 0.0\n",
         "chain": head + "sao:\n  setting: sao\n" + chain,

@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 
 from sao_repro.areal.launch import (
-    GPU_QUERY,
-    APPS_QUERY,
     classify_gpus,
-    preflight_report,
     run_preflight,
     launch_plan,
     execute_plan,

@@ -43,7 +43,7 @@ def start_cluster(Cluster, temp_root, tries=3):
             )
             cluster.wait_for_nodes()
             return cluster, worker
-        except Exception:  # noqa: BLE001 -- "The current node timed out during startup"
+        except Exception:  # "The current node timed out during startup"
             if i == tries - 1:
                 raise
             if cluster is not None:

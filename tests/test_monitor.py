@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -411,7 +410,7 @@ def as_other_user(fn, *args) -> dict:
             os.setgid(65534)
             os.setuid(65534)
             res = json.dumps({"ok": fn(*args)})
-        except BaseException as e:  # noqa: BLE001 -- reported to the parent
+        except BaseException as e:  # reported to the parent
             res = json.dumps({"error": f"{type(e).__name__}: {e}"})
         os.write(w, res.encode())
         os._exit(0)

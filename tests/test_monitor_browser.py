@@ -113,7 +113,7 @@ def test_monitor_page_updates_live(tmp_path):
             "[...document.querySelectorAll('#legend span')].map(s => [s.textContent, "
             "getComputedStyle(s.querySelector('i')).backgroundColor])"
         )
-        assert dict(swatches) == {s: "rgb(%d, %d, %d)" % rgb(setting_color(s)) for s in ("sao", "grpo")}
+        assert dict(swatches) == {s: "rgb({}, {}, {})".format(*rgb(setting_color(s))) for s in ("sao", "grpo")}
         later = wait_for(
             chrome, lambda s: s["points"]["acc"] >= first["points"]["acc"] + 6, 30, "the accuracy plot to grow"
         )

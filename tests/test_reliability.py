@@ -4,9 +4,7 @@ count a run twice, ports, the linear `\\boxed{}` search. Real processes and file
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -167,8 +165,8 @@ def test_resume_skips_a_number_no_float_holds_and_goes_on(tmp_path, capsys):
     p = d / "metrics.jsonl"
     lines = p.read_text().splitlines()
     big = "1" + "0" * 400
-    lines[1] = lines[1].replace('{"step": 2, ', '{"step": 2, "huge": %s, ' % big, 1)
-    p.write_text("\n".join(lines + ['{"step": %s, "acc": 0.5}' % big]) + "\n")
+    lines[1] = lines[1].replace('{"step": 2, ', '{"step": 2, "huge": ' + big + ", ", 1)
+    p.write_text("\n".join(lines + ['{"step": ' + big + ', "acc": 0.5}']) + "\n")
     assert run_main(_run_args(tmp_path, 6, "--resume")) == 0, capsys.readouterr().err
     assert [m["step"] for m in read_metrics(d)] == [1, 3, 4, 5, 6]
     assert events(d).count("repair") == 1 and '"metrics.jsonl": 2' in (d / "events.log").read_text()

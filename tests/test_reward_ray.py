@@ -11,11 +11,11 @@ ray = pytest.importorskip("ray")
 import reward_hooks  # noqa: E402
 from reward_hooks import score_with_markers  # noqa: E402
 from sao_repro.reward import RewardPool, score  # noqa: E402
-from sao_repro.reward.workers import (
+from sao_repro.reward.workers import (  # noqa: E402
     ACTOR_PREFIX,
     NAMESPACE,
     list_workers,
-    reward_workers_main,  # noqa: E402
+    reward_workers_main,
     watch_once,
 )
 

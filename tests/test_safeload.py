@@ -9,7 +9,7 @@ import torch
 
 from sao_repro.mini.train import checkpoints, read_metrics, train_run
 from sao_repro.runlog import read_events
-from sao_repro.safeload import StateFileError, UnsafeStateError, load_state
+from sao_repro.safeload import UnsafeStateError, load_state
 from mini_helpers import smoke_cache, smoke_cfg  # noqa: F401 (smoke_cache: an autouse fixture)
 
 

@@ -13,9 +13,8 @@ __all__ = ['logger', 'ENV_VARS', 'SAOSection', 'SAOConfig', 'SAOActorConfig', 'S
 import difflib
 import logging
 import os
-import sys
 import warnings
-from dataclasses import dataclass, field, fields, asdict, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 import yaml
@@ -158,7 +157,7 @@ class SAOConfig(GRPOConfig):
                 + "\nFix the keys above, or set sao.strict=false for a deliberate ablation."
             )
         for p in problems:
-            warnings.warn(f"setting {self.sao.setting!r}: {p}")
+            warnings.warn(f"setting {self.sao.setting!r}: {p}", stacklevel=2)
         half = optimizer_dtype_problems(self)  # AReaL issue 1292 (sao_repro.areal.guards)
         if half:
             raise ValueError(
@@ -379,9 +378,7 @@ def load_sao_config(
     overrides: list[str] = (),  # Hydra-style key=value overrides
     dotenv: str | Path | None = ".env",  # .env file for SAO_WS / MODEL_ROOT / REWARD_ROOT
     placeholders: bool = False,  # resolve unset path variables to "<unset:NAME>"
-    overlays: list[
-        str | Path
-    ] = (),  # YAML files merged after `path` and before `overrides`, e.g. configs/cpu_rehearsal.yaml
+    overlays: list[str | Path] = (),  # YAML merged after `path`, before `overrides` (configs/cpu_rehearsal.yaml)
 ) -> SAOConfig:
     "Load, merge, type and validate a cluster config through AReaL 1.0.4's structured-config path."
     p = Path(path)
@@ -403,7 +400,7 @@ def load_sao_config(
                     raise ValueError(f"override(s) {' '.join(bad)}: with an overlay, overrides are key=value")
                 raw = OmegaConf.merge(raw, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
             obj = OmegaConf.to_object(to_structured_cfg(raw, config_cls=SAOConfig))
-        except Exception as e:  # noqa: BLE001 -- every config error becomes one message (exit 2 in the CLI)
+        except Exception as e:  # every config error becomes one message (exit 2 in the CLI)
             if missing and not placeholders:
                 raise ValueError(
                     f"{str(e).splitlines()[0]}\nUnset environment variable(s): {', '.join(missing)}; "

@@ -11,7 +11,6 @@ __all__ = ['SAO_STATE_FILE', 'CRITIC_INIT_ARCH', 'ENGINE_BASES', 'SAOPPOActor', 
            'engine_class_name']
 
 # %% ../../nbs/38_areal.engine.ipynb #fac8ed47
-import hashlib
 import json
 import math
 import os
@@ -139,8 +138,7 @@ def logp_gap_stats(
     prox_logp: torch.Tensor,  # (B, T) the trainer's log-prob of token t+1 at position t
     logprobs: torch.Tensor,  # (B, T) the engine's (behaviour) log-prob of token t, as AReaL stores it
     loss_mask: torch.Tensor,  # (B, T) 1 on generated tokens (unshifted, as AReaL stores it)
-    versions: torch.Tensor
-    | None = None,  # (B, T) the weight version of token t (unshifted); None: every token counts as current
+    versions: torch.Tensor | None = None,  # (B, T) weight version of token t (unshifted); None: all current
     current: int | None = None,  # the trainer's weight version
 ) -> dict:
     """rollout/logp_gap_max and _mean: |trainer - engine| log-prob over the generated tokens of the trainer's version

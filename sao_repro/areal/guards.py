@@ -100,7 +100,7 @@ def staleness_manager_of(rollout):
         try:
             for attr in path:
                 obj = getattr(obj, attr)
-        except Exception:  # noqa: BLE001 -- AReaL raises RuntimeError / AttributeError before initialize
+        except Exception:  # AReaL raises RuntimeError / AttributeError before initialize
             continue
         if obj is not None and hasattr(obj, "rollout_stat"):
             return obj

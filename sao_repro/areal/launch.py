@@ -22,18 +22,18 @@ from ..runlog import note_exit, read_events
 
 # the launch's first step; importable from here as before
 from sao_repro.areal.preflight import (
-    APPS_QUERY,
-    EXIT_GPUS,
-    EXIT_NO_SMI,
-    EXIT_OK,
-    GPU,
-    GPU_QUERY,
-    classify_gpus,
-    parse_preflight,
+    APPS_QUERY as APPS_QUERY,
+    EXIT_GPUS as EXIT_GPUS,
+    EXIT_NO_SMI as EXIT_NO_SMI,
+    EXIT_OK as EXIT_OK,
+    GPU as GPU,
+    GPU_QUERY as GPU_QUERY,
+    classify_gpus as classify_gpus,
+    parse_preflight as parse_preflight,
     preflight_cmd,
     preflight_main,
-    preflight_report,
-    run_preflight,
+    preflight_report as preflight_report,
+    run_preflight as run_preflight,
 )
 
 # %% auto #0
@@ -62,8 +62,7 @@ def launch_plan(
     scripts_dir: str = "scripts",  # where preflight_gpus.sh lives
     preflight: bool = True,  # include the GPU preflight
     threshold_mib: float = 1024,  # preflight ghost threshold
-    train_cmd: list
-    | None = None,  # the training command (default: python -m sao_repro.areal.train --config CONFIG ...)
+    train_cmd: list | None = None,  # the training command (default: python -m sao_repro.areal.train --config ...)
 ) -> list[Step]:
     "The ordered steps of one launch."
     steps = []
@@ -536,9 +535,7 @@ def launch_setting(
     setting: str,  # registered setting name
     seed: int = 1,  # random seed
     steps: int | None = None,  # total_train_steps (None: the config's 1000)
-    out_dir: str
-    | Path
-    | None = None,  # runs root: the run folder is <out_dir>/areal/<setting>/seed<seed> (None: the config's)
+    out_dir: str | Path | None = None,  # runs root: the run goes to <out_dir>/areal/<setting>/seed<seed>
     dry_run: bool = False,  # print the plan only
     config_dir: str | Path | None = None,  # folder of the config files (default: the repo's configs/)
     extra_overrides: list[str] = (),  # further key=value overrides

@@ -30,9 +30,7 @@ PREFLIGHT_SCRIPT = "preflight_gpus.sh"
 def preflight_cmd(
     threshold_mib: float = 1024,  # used memory (MiB) above which a GPU without processes holds ghost memory
     scripts_dir: str | Path | None = None,  # where preflight_gpus.sh lives (default: the checkout's scripts/)
-    gpus_csv: str
-    | Path
-    | None = None,  # a recorded output of nvidia-smi GPU_QUERY (with `apps_csv`: no nvidia-smi call)
+    gpus_csv: str | Path | None = None,  # a recorded nvidia-smi GPU_QUERY (with `apps_csv`: no nvidia-smi call)
     apps_csv: str | Path | None = None,  # a recorded output of nvidia-smi APPS_QUERY
 ) -> list[str]:
     "The command line of the GPU preflight script."

@@ -16,28 +16,36 @@ from pathlib import Path
 from ..settings import get_setting, list_settings
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..checks import port_arg
-from .launch import ray_running, stop_ray_session  # ray_running: importable from here as before
+from sao_repro.areal.launch import (
+    ray_running as ray_running,
+    stop_ray_session,
+)  # ray_running: importable from here as before
 from .tiny import tiny_assets
 
 # the plan, the server processes, one run and the benchmark live in their own modules; importable from here as before
 from sao_repro.areal.rehearsal.plan import (
-    AREAL_CPU_DEPS,
+    AREAL_CPU_DEPS as AREAL_CPU_DEPS,
     ENGINE_DTYPES,
     ENGINES,
-    OVERLAY,
+    OVERLAY as OVERLAY,
     SCHEDULERS,
-    STAND_IN_ENGINE,
+    STAND_IN_ENGINE as STAND_IN_ENGINE,
     RehearsalError,
-    RehearsalRun,
+    RehearsalRun as RehearsalRun,
     check_resume_matches,
     check_run_dir,
     missing_deps,
-    overlay_trajectories,
+    overlay_trajectories as overlay_trajectories,
     plan,
 )
-from .rehearsal.server import VLLMServer, wait_healthy
-from .rehearsal.run import STEP_RE, engine_agreement, ensure_ray, run_one
-from .rehearsal.bench import PHASES, bench_rehearsal, bench_rehearsal_main, phase_seconds
+from .rehearsal.server import VLLMServer, wait_healthy as wait_healthy
+from .rehearsal.run import STEP_RE as STEP_RE, engine_agreement as engine_agreement, ensure_ray, run_one
+from sao_repro.areal.rehearsal.bench import (
+    PHASES as PHASES,
+    bench_rehearsal as bench_rehearsal,
+    bench_rehearsal_main as bench_rehearsal_main,
+    phase_seconds as phase_seconds,
+)
 
 # %% ../../nbs/44d_areal.rehearse.ipynb #312e83aa
 def rehearse_parser() -> argparse.ArgumentParser:
@@ -230,7 +238,7 @@ def _rehearse(a, settings: list[str]) -> int:
             rec = run_one(r, a.port, server=server)
             records.append(rec)
             print(
-                f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit %d)' % rec['returncode']}, "
+                f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit ' + str(rec['returncode']) + ')'}, "
                 f"{rec['steps']} steps in {rec['seconds']:.0f} s -> {rec['run_dir']}"
                 + ("" if rec["returncode"] == 0 else f"\n  see {rec['run_dir']}/main.log"),
                 flush=True,

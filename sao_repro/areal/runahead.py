@@ -59,8 +59,8 @@ def gate_prepare_batch(
 ) -> bool:
     "Make `rollout.prepare_batch` fill the staleness window after each batch; False if the engine has no workflow executor."
     try:
-        rollout.workflow_executor
-    except Exception:  # noqa: BLE001 -- a controller, or not initialised
+        _ = rollout.workflow_executor
+    except Exception:  # a controller, or not initialised
         return False
     prepare = rollout.prepare_batch
 

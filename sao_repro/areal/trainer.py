@@ -22,12 +22,12 @@ from . import engine as sao_engines
 
 # the actor and critic classes live with their engines; importable from here as before
 from sao_repro.areal.engine import (
-    SAO_STATE_FILE,
-    SAOPPOActor,
-    SAOPPOCritic,
-    explained_variance,
-    load_sao_state,
-    save_sao_state,
+    SAO_STATE_FILE as SAO_STATE_FILE,
+    SAOPPOActor as SAOPPOActor,
+    SAOPPOCritic as SAOPPOCritic,
+    explained_variance as explained_variance,
+    load_sao_state as load_sao_state,
+    save_sao_state as save_sao_state,
 )
 
 # %% ../../nbs/37_areal.trainer.ipynb #cc17fb4e

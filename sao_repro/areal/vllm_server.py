@@ -197,7 +197,7 @@ def _extension_class():
                     f"CPU weight update from {model_path} done in {time.time() - t0:.2f} s (tied head re-tied: {tied})"
                 )
                 return True, "Success"
-            except Exception as e:  # noqa: BLE001 -- AReaL's contract: (ok, message), the server answers 400
+            except Exception as e:  # AReaL's contract: (ok, message), the server answers 400
                 logger.error(f"CPU weight update from {model_path} failed: {e!r}")
                 return False, f"failed to update weights on the CPU: {e!r}"
 

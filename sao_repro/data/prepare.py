@@ -81,7 +81,7 @@ def level_number(level: str) -> int | None:
     return int(m.group(1)) if m else None
 
 # %% ../../nbs/21a_data.prepare.ipynb #a0bb9b25
-from ..files import replace_dir, write_atomic  # noqa: F401 -- write_atomic: also sao_repro.data.write_atomic
+from ..files import replace_dir, write_atomic  # write_atomic: also sao_repro.data.write_atomic
 
 # %% ../../nbs/21a_data.prepare.ipynb #e5c4c2ca
 def sha256_bytes(data: bytes) -> str:

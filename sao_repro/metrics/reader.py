@@ -142,7 +142,7 @@ def _read_metrics(self: RunReader, src: Path, final: bool, max_bytes: int | None
         if self.areal is None:
             self.areal = ArealLogParser(self.skipped)
         scan = src.name in [p.name for p in self._log_files()]
-        for raw, complete in tail.read(final, max_bytes):
+        for raw, _complete in tail.read(final, max_bytes):
             line = raw.decode("utf-8", errors="replace")
             if scan:
                 self.health.feed(clean_log_line(line), src.name)

@@ -8,7 +8,7 @@ Docs: https://sao-repro.github.io/sao-repro/metrics.tail.html.md"""
 from __future__ import annotations
 import math
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 from fastcore.basics import patch
 
 # %% auto #0

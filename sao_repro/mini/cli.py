@@ -36,7 +36,14 @@ from ..nbrun import run_notebook
 from .runfolder import checkpoints, run_state
 from .inputs import check_inputs, fit_knobs, resolve_inputs
 from .rayconnect import RayUnavailable, ray_problem
-from .summary import format_summary, point_summary, run_windows, study_table, study_tables, summarize
+from sao_repro.mini.summary import (
+    format_summary,
+    point_summary,
+    run_windows as run_windows,
+    study_table,
+    study_tables,
+    summarize,
+)
 
 # the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
 STUDY_SOURCES = [
@@ -314,7 +321,7 @@ def run_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    except Exception as e:  # noqa: BLE001 -- report any failure as exit 1 (the events.log has the details)
+    except Exception as e:  # report any failure as exit 1 (the events.log has the details)
         print(f"sao-repro run: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     ms = read_metrics(d)
@@ -596,7 +603,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         f"`{command}`\n\n" + "".join(f"{n}\n\n" for n in notes) + "\n\n".join(t for t in (table, rest) if t) + "\n"
     )
     (Path(a.out) / a.backend / "summary.json").write_text(json.dumps(rows, indent=1))
-    for s, k, e in failed:
+    for s, k, _e in failed:
         print(
             f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr
         )

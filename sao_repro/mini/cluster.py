@@ -93,7 +93,7 @@ def run_task(
         os.environ.update(env)
         try:
             run_notebook(nb, run_dir / "run_setting.ipynb", params, cwd=str(tmp))
-        except Exception as e:  # noqa: BLE001 -- sent back with the run folder, reported by the driver
+        except Exception as e:  # sent back with the run folder, reported by the driver
             error = f"{type(e).__name__}: {e}"
         finally:
             for k, v in saved.items():
@@ -171,9 +171,8 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
         key = start_key(j["cfg"].task(), j["cfg"].model(), j["cfg"].pretrain())
         resume = bool(j["params"].get("resume"))
         folder = pack_dir(j["run_dir"]) if resume and Path(j["run_dir"]).exists() else None
-        pending[
-            task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))
-        ] = (j, attempt)
+        ref = task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))
+        pending[ref] = (j, attempt)
 
     def fail(j, err):
         failed.append((j, err))
@@ -186,7 +185,7 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
             if not j["params"].get("resume"):
                 check_fresh(Path(j["run_dir"]), bool(j["params"].get("overwrite")))
             submit(j, 1, {})
-        except Exception as e:  # noqa: BLE001 -- reported like a failed run
+        except Exception as e:  # reported like a failed run
             fail(j, f"{type(e).__name__}: {e}")
     try:
         while pending:

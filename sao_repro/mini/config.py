@@ -189,7 +189,7 @@ class MiniRunConfig:
         return replace(s, **ov)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MiniRunConfig":
+    def from_dict(cls, d: dict) -> MiniRunConfig:
         "Build from a dict, naming unknown keys."
         names = {f.name for f in fields(cls)}
         bad = sorted(set(d) - names)

@@ -250,7 +250,7 @@ def start_local_ray(num_cpus: int, tries: int = 3) -> dict:
             )
             try:
                 node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
-            except Exception:  # noqa: BLE001 -- "The current node timed out during startup": its processes go, then again
+            except Exception:  # "The current node timed out during startup": its processes go, then again
                 stop_instance(folder, spare=(os.getpid(), warden.pid))
                 os.makedirs(f"{folder}/tmp", exist_ok=True)
                 if attempt == tries - 1:
@@ -318,7 +318,7 @@ def ray_connect(address: str = "auto", num_cpus: int | None = None):
     if address != "local":
         try:
             ray.init(address=target, **kw)
-        except Exception as e:  # noqa: BLE001 -- a version mismatch, a missing token, a cluster that went away
+        except Exception as e:  # a version mismatch, a missing token, a cluster that went away
             raise RayUnavailable(
                 f"--ray {address}: Ray at {target} answered but the connection failed: "
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"

@@ -156,7 +156,7 @@ def readable_checkpoint(run_dir: Path, set_aside: bool = True) -> tuple[Path | N
             if not isinstance(sd, dict) or not {"step", "policy", "config"} <= set(sd):
                 raise ValueError("not a checkpoint of this trainer")
             return p, sd
-        except Exception as e:  # noqa: BLE001 -- torn zip, garbage, wrong pickle: any of them means unreadable
+        except Exception as e:  # torn zip, garbage, wrong pickle: any of them means unreadable
             if not set_aside:
                 continue
             bad = p.with_name(p.name + ".unreadable")

@@ -22,17 +22,17 @@ from tqdm.auto import tqdm
 from ..settings import list_settings
 from .train import MiniRunConfig
 from ..configfile import load_yaml_bounded
-from ..stats import paired_effect
+from ..stats import paired_effect as paired_effect
 from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
 from .rayconnect import RayUnavailable, ray_problem
 from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
 from sao_repro.mini.summary import (
-    format_phenomena,
-    format_results,
+    format_phenomena as format_phenomena,
+    format_results as format_results,
     json_ready,
     knob_effects,
-    phenomena,
+    phenomena as phenomena,
     point_summary,
     study_tables,
 )

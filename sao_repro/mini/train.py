@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,15 +24,20 @@ from ..core import masked_mean, masked_var, masked_whiten
 from ..critic import CriticTrainer
 from ..dis import dis_band, dis_mask, dis_metrics
 from ..gae import adaptive_lambda
-from ..files import file_sha256
-from ..runlog import RunFolderBusy, is_oom, lock_run_dir, log_failure  # RunFolderBusy: re-exported
+from ..files import file_sha256 as file_sha256
+from sao_repro.runlog import (
+    RunFolderBusy as RunFolderBusy,
+    is_oom,
+    lock_run_dir,
+    log_failure,
+)  # RunFolderBusy: re-exported
 from ..stopping import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
-from .model import CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start
+from .model import CriticModel as CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start
 from .rollout import PolicyHistory, collect, pick_lag, rollout_mismatch
 from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
-from .config import BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
+from .config import BACKENDS as BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
 from sao_repro.mini.critic_init import (
     check_critic_init,
     critic_model,
@@ -40,11 +45,11 @@ from sao_repro.mini.critic_init import (
 )  # load_critic_init: re-exported
 from ..safeload import load_state
 from sao_repro.mini.runfolder import (
-    RESUME_FREE,
-    RUN_FILES,
+    RESUME_FREE as RESUME_FREE,
+    RUN_FILES as RUN_FILES,
     ConfigChangeError,
-    NoCheckpointError,
-    RunExistsError,
+    NoCheckpointError as NoCheckpointError,
+    RunExistsError as RunExistsError,
     check_fresh,
     check_resumable,
     checkpoints,
@@ -52,7 +57,7 @@ from sao_repro.mini.runfolder import (
     config_changes,
     eval_due,
     log_event,
-    read_metrics,
+    read_metrics as read_metrics,
     readable_checkpoint,
     repair_logs,
     saved_config,

@@ -149,7 +149,7 @@ def _culprits(rows: pd.DataFrame, metric: str, smooth_steps: int, errorbar) -> l
             ax = Figure().add_subplot()
             _draw(ax, c, list(c.setting.unique()), errorbar)
             ax.figure.canvas.draw()
-        except Exception:  # noqa: BLE001 -- any failure marks the run
+        except Exception:  # any failure marks the run
             bad.append(str(run))
     return bad or sorted(map(str, rows[rows.metric == metric].run.unique()))
 
@@ -171,7 +171,7 @@ def _panel(
         shown = set(c.run)
         notes[before:] = [n for n in notes[before:] if n["run"] in shown]  # clipped runs of the settings drawn
         _draw(ax, c, names, errorbar)
-    except Exception as e:  # noqa: BLE001 -- a panel that cannot be drawn names its runs instead of stopping the report
+    except Exception as e:  # a panel that cannot be drawn names its runs instead of stopping the report
         ax.cla()
         del notes[before:]
         rows = df if settings is None else df[df.setting.isin(settings)]

@@ -6,7 +6,6 @@ Docs: https://sao-repro.github.io/sao-repro/report.layout.html.md"""
 
 # %% ../../nbs/74_report.layout.ipynb #defc46a8
 from __future__ import annotations
-import html
 import json
 import re
 from pathlib import Path

@@ -230,9 +230,7 @@ REPORT_FORMATS = ("html", "pdf")
 
 
 def report_formats(
-    requested: str
-    | list
-    | None = None,  # "html", "pdf", "html,pdf" (or a list); None: html, plus pdf where Chromium is found
+    requested: str | list | None = None,  # "html", "pdf", "html,pdf" or a list; None: html, and pdf with Chromium
 ) -> tuple[list[str], str | None]:
     "The formats to write and a one-line note on a PDF left out; a PDF asked for where Chromium is missing raises."
     if requested is None:

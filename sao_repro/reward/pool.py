@@ -19,7 +19,7 @@ from .local import LocalRewardPool
 from .ray import RayRewardPool
 
 # %% ../../nbs/54a_reward.pool.ipynb #dd9316b2
-from ..runconfig import RewardConfig, reward_config_from_env, set_reward_env  # the `reward:` section
+from ..runconfig import RewardConfig, reward_config_from_env  # the `reward:` section
 
 # %% ../../nbs/54a_reward.pool.ipynb #dd0736c1
 class RewardPool:
@@ -111,7 +111,7 @@ def _drop_pool(pool, error):
     logging.getLogger("sao_repro.reward").warning("reward pool broken (%s); re-creating it", error)
     try:
         pool.close()
-    except Exception:  # noqa: BLE001 -- a broken pool may fail to close; it is dropped either way
+    except Exception:  # a broken pool may fail to close; it is dropped either way
         pass
 
 

@@ -9,7 +9,9 @@ It loads areal/utils/logging.py and areal/utils/printing.py from the wheel by fi
 StatsLogger.commit logs for 3 steps (step 3 has a NaN actor loss), then "Training completes!".
 """
 
-import importlib.util, sys, math, os, shutil
+import importlib.util
+import sys
+import shutil
 
 sys.path.insert(0, "/tmp/areal_whl_mon/deps")
 
