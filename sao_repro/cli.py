@@ -117,17 +117,28 @@ def main(argv: list[str] | None = None) -> int:
 def settings_main(argv: list[str] | None = None) -> int:
     "Print the settings registry as a table (or YAML with --yaml)."
     import argparse
-    from sao_repro.settings import get_setting, list_settings, setting_yaml
+    from sao_repro.settings import get_setting, list_settings, setting_yaml, write_setting_yamls
     from sao_repro.dis import DIS_BAND_PRESETS, band_label, dis_band
 
     p = argparse.ArgumentParser(prog="sao-repro settings", description="List the compared settings.")
     p.add_argument("names", nargs="*", help="settings to show (default: all)")
     p.add_argument("--yaml", action="store_true", help="print each setting as the YAML in configs/settings/")
+    p.add_argument(
+        "--write-yaml",
+        nargs="?",
+        const="configs/settings",
+        metavar="DIR",
+        help="write each setting's YAML to DIR/<name>.yaml (default DIR: configs/settings, from the repository root)",
+    )
     a = p.parse_args(argv)
     try:
         settings = [get_setting(n) for n in (a.names or list_settings())]
     except ValueError as e:
         p.error(str(e))
+    if a.write_yaml:
+        for f in write_setting_yamls(a.write_yaml, [s.name for s in settings]):
+            print(f"wrote {f}")
+        return 0
     if a.yaml:
         print("\n---\n".join(setting_yaml(s) for s in settings))
         return 0

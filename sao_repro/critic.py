@@ -84,7 +84,7 @@ class CriticTrainer:
         lr: float = 5e-6,  # critic learning rate
         k_passes: int = 2,  # update passes over each batch
         n_minibatches: int = 1,  # minibatches per pass
-        warmup_steps: int = 10,  # critic-only steps before the first policy update
+        warmup_steps: int = 10,  # the setting's `warmup_steps`: steps that train the critic alone
         eps_clip: float | None = 0.5,  # value clip around the old values
         max_grad_norm: float = 1.0,  # gradient clipping
         weight_decay: float = 0.0,  # AdamW weight decay

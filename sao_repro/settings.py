@@ -15,8 +15,9 @@ from .dis import dis_band, dis_preset, band_preset_name, DIS_CONVENTIONS
 from .advantages import list_advantages
 
 # %% auto #0
-__all__ = ['KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'check_knob', 'register_setting',
-           'list_settings', 'get_setting', 'setting_color', 'load_setting_yaml', 'setting_yaml']
+__all__ = ['KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'knob_help', 'check_knob',
+           'register_setting', 'list_settings', 'get_setting', 'setting_color', 'load_setting_yaml', 'setting_yaml',
+           'write_setting_yamls']
 
 # %% ../nbs/15_settings.ipynb #a5826548
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Setting:
     )
     lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
     critic_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte Carlo)"})
-    gamma: float = field(default=1.0, metadata={"help": "discount"})
+    gamma: float = field(default=1.0, metadata={"help": "discount factor of the returns (1: undiscounted)"})
     critic_freeze: str = field(
         default="none",
         metadata={
@@ -200,6 +201,18 @@ KNOB_CHECKS = {
 }
 
 
+def knob_help(
+    name: str,  # a `Setting` field, e.g. "critic_k"
+    note: str = "",  # what a backend adds: its default, what an empty value means, where else the value must agree
+) -> str:
+    "The help text of knob `name` as `Setting` declares it (the one declaration), with a backend's `note` after it."
+    declared = {f.name: f for f in fields(Setting)}
+    if name not in declared:
+        raise KeyError(f"no setting knob {name!r}; knobs: {', '.join(declared)}")
+    text = declared[name].metadata["help"]
+    return f"{text}; {note}" if note else text
+
+
 def check_knob(
     field: str,  # a Setting field among KNOB_CHECKS
     value,  # the value to check
@@ -300,5 +313,23 @@ def load_setting_yaml(path: str | Path) -> Setting:
 
 def setting_yaml(s: Setting) -> str:
     "YAML text for a setting (what configs/settings/<name>.yaml holds)."
-    head = f"# {s.name}: {s.role}\n# Mirror of sao_repro.settings; tests check that both agree.\n"
+    head = (
+        f"# {s.name}: {s.role}\n"
+        "# Generated from the registry (sao_repro.settings) by `sao-repro settings --write-yaml`: edit the registry, "
+        "not this file.\n"
+    )
     return head + yaml.safe_dump(s.to_dict(), sort_keys=False)
+
+
+def write_setting_yamls(
+    out: str | Path,  # the folder, e.g. configs/settings
+    names: list[str] | None = None,  # default: every registered setting
+) -> list[Path]:
+    "Write `<out>/<name>.yaml` for each setting (`setting_yaml`); returns the files written."
+    Path(out).mkdir(parents=True, exist_ok=True)
+    written = []
+    for n in names or list_settings():
+        p = Path(out) / f"{n}.yaml"
+        p.write_text(setting_yaml(get_setting(n)), encoding="utf-8")
+        written.append(p)
+    return written

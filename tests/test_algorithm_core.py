@@ -34,6 +34,7 @@ from sao_repro.loss import (
     policy_loss,
     value_loss,
 )
+from sao_repro.cli import settings_main
 from sao_repro.settings import get_setting, list_settings, load_setting_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,12 +299,56 @@ def test_registry_rules():
 
 
 # ---------------------------------------------------------------- settings
-def test_settings_registry_and_yaml_agree():
+def test_settings_registry_and_yaml_agree(tmp_path):
+    "configs/settings/*.yaml are what `sao-repro settings --write-yaml` writes today, one per setting, nothing else."
     assert list_settings() == ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]
+    assert settings_main(["--write-yaml", str(tmp_path)]) == 0
+    shipped = ROOT / "configs" / "settings"
+    assert sorted(p.name for p in shipped.glob("*.yaml")) == sorted(p.name for p in tmp_path.glob("*.yaml"))
     for name in list_settings():
-        path = ROOT / "configs" / "settings" / f"{name}.yaml"
-        assert path.exists(), f"missing {path}"
+        path = shipped / f"{name}.yaml"
+        assert path.read_text() == (tmp_path / f"{name}.yaml").read_text(), (
+            f"{path}: run sao-repro settings --write-yaml"
+        )
         assert load_setting_yaml(path) == get_setting(name)
+
+
+def test_each_knob_help_is_declared_once():
+    "A knob's help text is written once in the package (on `Setting`); both backends' options show it from there."
+    from dataclasses import fields as dc_fields
+
+    from sao_repro.areal.config import SAOSection
+    from sao_repro.mini.config import MiniRunConfig
+    from sao_repro.settings import Setting
+
+    sources = [p.read_text() for p in (ROOT / "sao_repro").rglob("*.py") if p.name != "_modidx.py"]
+    helps = {f.name: f.metadata["help"] for f in dc_fields(Setting)}
+    for name, text in helps.items():
+        # as a string literal, and for a text long enough to be unmistakable, anywhere (a comment, a longer help)
+        n = sum(s.count(text if len(text) >= 20 else f'"{text}"') for s in sources)
+        assert n == 1, f"the help of {name!r} is written {n} times in the package"
+    mini = {f.name: f.metadata["help"] for f in dc_fields(MiniRunConfig)}
+    areal = {f.name: f.metadata["help"] for f in dc_fields(SAOSection)}
+    for knob, mini_name in [
+        ("critic_k", "critic_k"),
+        ("warmup_steps", "critic_warmup"),
+        ("critic_freeze", "critic_freeze"),
+        ("dis_band", "dis_band"),
+        ("adv_whiten", "adv_whiten"),
+        ("policy_lambda", "policy_lambda"),
+    ]:
+        assert mini[mini_name].startswith(helps[knob]), (knob, mini[mini_name])
+    for knob in [
+        "critic_k",
+        "warmup_steps",
+        "policy_lambda",
+        "lambda_alpha",
+        "critic_lambda",
+        "critic_freeze",
+        "dis_band",
+        "adv_whiten",
+    ]:
+        assert areal[knob].startswith(helps[knob]), (knob, areal[knob])
 
 
 def test_settings_match_the_design_table():

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
-from ..settings import Setting, check_knob, get_setting, list_settings
+from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from ..dis import dis_preset
 from ..configfile import check_interpolations, load_yaml_bounded
 from ..runconfig import RewardConfig
@@ -40,19 +40,17 @@ class SAOSection:
     trajectories_per_step: int = field(
         default=512, metadata={"help": "trajectories per training step: train_dataset.batch_size x gconfig.n_samples"}
     )
-    critic_k: int = field(default=2, metadata={"help": "critic update passes per training step"})
-    warmup_steps: int = field(default=0, metadata={"help": "critic-only steps before the first policy update"})
-    policy_lambda: str = field(
-        default="1.0", metadata={"help": "GAE lambda of the policy advantage: a number in (0, 1] or 'adaptive'"}
-    )
-    lambda_alpha: float = field(default=1.5, metadata={"help": "alpha of the adaptive lambda 1 - 1/(alpha * length)"})
-    critic_lambda: float = field(
-        default=1.0, metadata={"help": "GAE lambda of the critic targets (1 = Monte-Carlo returns)"}
-    )
+    critic_k: int = field(default=2, metadata={"help": knob_help("critic_k")})
+    warmup_steps: int = field(default=0, metadata={"help": knob_help("warmup_steps")})
+    policy_lambda: str = field(default="1.0", metadata={"help": knob_help("policy_lambda", "a number in (0, 1]")})
+    lambda_alpha: float = field(default=1.5, metadata={"help": knob_help("lambda_alpha")})
+    critic_lambda: float = field(default=1.0, metadata={"help": knob_help("critic_lambda")})
     critic_freeze: str = field(
         default="none",
         metadata={
-            "help": "critic parameters frozen before its optimizer is built: 'none' or 'attention' (name patterns: sao_repro.critic.FREEZE_PATTERNS)",
+            "help": knob_help(
+                "critic_freeze", "frozen before the critic's optimizer is built; sao_repro.critic.FREEZE_PATTERNS"
+            ),
             "choices": ["none", "attention"],
         },
     )
@@ -65,14 +63,14 @@ class SAOSection:
     dis_band: str = field(
         default="",
         metadata={
-            "help": "DIS band preset the run uses: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS); actor.rejection_sampling must hold that band; empty: the setting's"
+            "help": knob_help(
+                "dis_band", "here a preset name; actor.rejection_sampling must hold that band; empty: the setting's"
+            )
         },
     )
     adv_whiten: bool = field(
         default=False,
-        metadata={
-            "help": "whiten policy advantages per batch (mean / std over action tokens) after the returns are taken (keep actor.adv_norm null)"
-        },
+        metadata={"help": knob_help("adv_whiten", "keep actor.adv_norm null")},
     )
     running_mean_mode: str = field(
         default="exact",

@@ -16,7 +16,7 @@ from ..checks import check_number
 from ..dis import dis_preset
 from ..files import task_path
 from ..loss import POLICY_FORMS
-from ..settings import Setting, check_knob, get_setting, list_settings
+from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from .model import ModelConfig, PretrainConfig
 from .rollout import RolloutConfig
 from .task import TaskConfig, chain_prompt_len, max_answer_len, task_tokenizer
@@ -63,14 +63,12 @@ class MiniRunConfig:
     minibatches: int = field(
         default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"}
     )
-    critic_warmup: int | None = field(default=None, metadata={"help": "critic-only warmup steps (None: the setting's)"})
-    critic_k: int | None = field(
-        default=None, metadata={"help": "critic update passes per step (None: the setting's K)"}
-    )
+    critic_warmup: int | None = field(default=None, metadata={"help": knob_help("warmup_steps", "None: the setting's")})
+    critic_k: int | None = field(default=None, metadata={"help": knob_help("critic_k", "None: the setting's K")})
     critic_freeze: Literal["none", "attention"] | None = field(
         default=None,
         metadata={
-            "help": "critic parameters kept frozen: 'none' or 'attention' (only MLP and value head train; None: the setting's; a setting without a critic refuses it)",
+            "help": knob_help("critic_freeze", "None: the setting's; a setting without a critic refuses it"),
             "needs": "critic",
         },
     )
@@ -85,13 +83,15 @@ class MiniRunConfig:
     dis_band: str | None = field(
         default=None,
         metadata={
-            "help": "DIS band preset: 'reference' [0.3, 5.0], 'paper-math' [0.7, 6.0] or 'paper-coding' [0.2, 4.0] (sao_repro.dis.DIS_BAND_PRESETS; None: the setting's band; a setting without DIS refuses it)",
+            "help": knob_help(
+                "dis_band", "here a preset name; None: the setting's band; a setting without DIS refuses it"
+            ),
             "needs": "dis",
         },
     )
     adv_whiten: bool | None = field(
         default=None,
-        metadata={"help": "whiten policy advantages per batch, after the critic's returns (None: the setting's)"},
+        metadata={"help": knob_help("adv_whiten", "None: the setting's")},
     )
     critic_width: int | None = field(
         default=None,
@@ -99,7 +99,7 @@ class MiniRunConfig:
     )
     policy_lambda: float | Literal["adaptive"] | None = field(
         default=None,
-        metadata={"help": "GAE lambda of the policy advantages, a float in (0, 1] or 'adaptive' (None: the setting's)"},
+        metadata={"help": knob_help("policy_lambda", "a float in (0, 1]; None: the setting's")},
     )
     family: Literal["add", "chain"] = field(
         default="add",
