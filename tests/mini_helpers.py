@@ -30,8 +30,8 @@ def smoke_cfg(setting, out, **kw):
         overrides={
             "preset": "smoke",
             "difficulty": 1,
-            "traj_per_step": 16,
-            "eval_n": 32,
+            "trajectories_per_step": 16,
+            "n_eval": 32,
             "eval_every": 3,
             "ckpt_every": 3,
             **kw,

@@ -331,7 +331,7 @@ def test_each_knob_help_is_declared_once():
     areal = {f.name: f.metadata["help"] for f in dc_fields(SAOSection)}
     for knob, mini_name in [
         ("critic_k", "critic_k"),
-        ("warmup_steps", "critic_warmup"),
+        ("warmup_steps", "warmup_steps"),
         ("critic_freeze", "critic_freeze"),
         ("dis_band", "dis_band"),
         ("adv_whiten", "adv_whiten"),

@@ -536,6 +536,7 @@ def test_actor_keys_table_covers_all_settings():
 # ---------------------------------------------------------------- the training entry without a GPU
 
 
+@pytest.mark.slow
 def test_train_module_help_and_print_config():
     env = dict(os.environ)
     r = subprocess.run(

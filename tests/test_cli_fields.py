@@ -26,7 +26,7 @@ OTHER = {
     "setting": "grpo",
     "ops": "+-",
     "out": "elsewhere",
-    "critic_warmup": 5,
+    "warmup_steps": 5,
     "critic_k": 3,
     "critic_width": 32,
     "policy_lambda": 0.9,
@@ -188,3 +188,54 @@ def test_the_reports_run_command_reproduces_the_config(captured, critic_file):
     cfg = replace(cfg, critic_init=critic_file(cfg))
     assert main(shlex.split(run_command(asdict(cfg)))[1:]) == 0
     assert asdict(captured["config"]) == asdict(cfg)
+
+
+# ---------------------------------------------------------------- one spelling per knob, old spellings still read
+OLD = {"critic_warmup": ("warmup_steps", 4), "traj_per_step": ("trajectories_per_step", 16), "eval_n": ("n_eval", 32)}
+
+
+@pytest.mark.parametrize("old", list(OLD))
+def test_an_old_flag_spelling_reaches_the_renamed_option(old, captured):
+    new, value = OLD[old]
+    assert main(["run", "--setting", "sao", flag(old), str(value)]) == 0
+    assert getattr(captured["config"], new) == value
+    captured.clear()
+    assert main(["run", "--setting", "sao", f"{flag(old)}={value}"]) == 0  # the --flag=value form too
+    assert getattr(captured["config"], new) == value
+
+
+def test_help_shows_only_the_new_spellings(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    for old, (new, _) in OLD.items():
+        assert flag(new) in out and flag(old) not in out
+
+
+def test_old_spellings_in_a_sweep_config_json_and_keyword_arguments():
+    d = {
+        "name": "x",
+        "settings": ["sao"],
+        "seeds": 1,
+        "steps": 2,
+        "base": {"traj_per_step": 16},
+        "grid": {"eval_n": [8]},
+    }
+    sw = load_sweep(d)
+    assert sw.base == {"trajectories_per_step": 16} and sw.grid == {"n_eval": [8]}
+    cfg = MiniRunConfig.from_dict({"setting": "sao", "critic_warmup": 2, "traj_per_step": 8})
+    assert (cfg.warmup_steps, cfg.trajectories_per_step, cfg.critic_warmup) == (2, 8, 2)
+    assert MiniRunConfig(eval_n=7).n_eval == 7
+    with pytest.raises(ValueError, match="give n_eval only"):
+        MiniRunConfig.from_dict({"eval_n": 7, "n_eval": 8})
+
+
+def test_resume_compares_a_config_saved_under_old_spellings():
+    from sao_repro.mini.runfolder import config_changes
+
+    cfg = MiniRunConfig(setting="sao", trajectories_per_step=16)
+    saved = {k: v for k, v in vars(cfg).items()}
+    saved["traj_per_step"] = saved.pop("trajectories_per_step")
+    assert config_changes(saved, cfg) == []
+    saved["traj_per_step"] = 32  # a real change, saved under the old name, is still seen
+    assert [c["key"] for c in config_changes(saved, cfg)] == ["trajectories_per_step"]

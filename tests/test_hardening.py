@@ -19,7 +19,7 @@ from sao_repro.mini.train import ConfigChangeError, NonFiniteError, RunExistsErr
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_FLAGS = ["--preset", "smoke", "--difficulty", "1", "--traj-per-step", "16", "--eval-n", "32"]
+SMOKE_FLAGS = ["--preset", "smoke", "--difficulty", "1", "--trajectories-per-step", "16", "--n-eval", "32"]
 
 
 def events(d: Path) -> list[str]:
@@ -184,7 +184,7 @@ def test_signal_stops_at_a_step_boundary_and_names_resume(sig, tmp_path):
 
 @pytest.mark.parametrize(
     "bad",
-    [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"], ["--lag", "-2"], ["--eval-n", "0"]],
+    [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"], ["--lag", "-2"], ["--n-eval", "0"]],
 )
 def test_bad_numbers_exit_2_before_any_folder(bad, tmp_path, capsys):
     assert run_main(["--setting", "sao", "--out", str(tmp_path / "o"), *bad]) == 2
@@ -413,7 +413,7 @@ def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
                     "ops": EVIL,
                     "difficulty": EVIL,
                     "lag": EVIL,
-                    "traj_per_step": 16,
+                    "trajectories_per_step": 16,
                 }
             )
         )

@@ -279,6 +279,7 @@ def test_launch_setting_for_the_experiment_notebook(tmp_path):
         launch_setting("ppo", dry_run=True, run=rec, out=out)
 
 
+@pytest.mark.slow
 def test_scripts_dry_run_through_the_cli(tmp_path):
     "The shell wrappers reach `sao-repro launch` (or its python fallback) and a dry run runs nothing."
     env = {**os.environ, "PYTHON": sys.executable}

@@ -91,7 +91,7 @@ def _start_weights(cfg):
         ("grpo_dis", {"minibatches": 2}),
         ("grpo", {}),
         ("single_dis", {"dis_form": "decoupled"}),
-        ("sao", {"critic_warmup": 1}),
+        ("sao", {"warmup_steps": 1}),
     ],
 )
 def test_dis_metrics_measured_once_per_step(setting, kw, tmp_path, monkeypatch):
@@ -365,7 +365,7 @@ def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
 
     out = {}
     for w in (False, True):
-        tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / str(w), critic_warmup=0, adv_whiten=w), log=None)
+        tr = MT.MiniTrainer(smoke_cfg("sao", tmp_path / str(w), warmup_steps=0, adv_whiten=w), log=None)
         assert tr.setting.adv_whiten is w
         out[w] = tr.train_step()  # step 1: same rollout, same critic; the policy updates after the critic
     for k in ("critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/returns_std"):

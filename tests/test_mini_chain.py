@@ -149,11 +149,11 @@ def test_chain_run_resumes_exactly_and_logs_levels(tmp_path):
     kw = dict(
         family="chain", ops="+-", max_terms=3, behav_dtype="bfloat16", direct_frac=0.3, lag_mode="random", steps=8
     )
-    full = train_run(smoke_cfg("sao", tmp_path / "a", critic_warmup=2, **kw), log=None)
-    crash = smoke_cfg("sao", tmp_path / "b", critic_warmup=2, debug_nan_step=5, **kw)
+    full = train_run(smoke_cfg("sao", tmp_path / "a", warmup_steps=2, **kw), log=None)
+    crash = smoke_cfg("sao", tmp_path / "b", warmup_steps=2, debug_nan_step=5, **kw)
     with pytest.raises(NonFiniteError):
         train_run(crash, log=None)
-    train_run(smoke_cfg("sao", tmp_path / "b", critic_warmup=2, **kw), resume=True, log=None)
+    train_run(smoke_cfg("sao", tmp_path / "b", warmup_steps=2, **kw), resume=True, log=None)
     a, b = read_metrics(full), read_metrics(crash.run_dir())
     assert strip_perf(a) == strip_perf(b)
     assert {"eval/acc_level1", "eval/acc_level2", "rollout/direct_frac"} <= set(a[-1])

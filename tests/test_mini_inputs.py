@@ -30,7 +30,14 @@ from sao_repro.mini.train import checkpoints, read_metrics
 from sao_repro.safeload import load_state
 from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
-SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
+SMOKE = {
+    "preset": "smoke",
+    "difficulty": 1,
+    "trajectories_per_step": 16,
+    "n_eval": 32,
+    "eval_every": 2,
+    "ckpt_every": 2,
+}
 
 
 def save_critic(path, cfg=None, nan=False):
@@ -122,7 +129,7 @@ def test_a_nan_stop_says_whether_a_checkpoint_was_kept(tmp_path, capsys):
         (["--dis-band", "wide"], "dis_band"),
         (["--lr", "nan"], "lr=nan"),
         (["--critic-init", "nowhere"], "critic_init="),
-        (["--traj-per-step", "12"], "group size 8"),
+        (["--trajectories-per-step", "12"], "group size 8"),
         (
             ["--settings", "grpo", "running_mean", "--critic-freeze", "attention"],
             "settings grpo, running_mean have no critic",
@@ -160,6 +167,7 @@ def test_compare_plans_a_band_for_the_settings_with_one():
     ]
 
 
+@pytest.mark.slow
 def test_compare_applies_knobs_where_they_fit_and_records_them_nowhere_else(tmp_path, capsys, monkeypatch):
     "A relative critic_init (from the current folder), a band and a frozen critic reach sao; running_mean runs without them."
     monkeypatch.chdir(tmp_path)

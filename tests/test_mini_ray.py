@@ -20,7 +20,14 @@ from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import read_metrics
 from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
-SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 2, "ckpt_every": 2}
+SMOKE = {
+    "preset": "smoke",
+    "difficulty": 1,
+    "trajectories_per_step": 16,
+    "n_eval": 32,
+    "eval_every": 2,
+    "ckpt_every": 2,
+}
 
 
 def start_cluster(Cluster, temp_root, tries=3):

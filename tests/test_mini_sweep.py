@@ -59,9 +59,7 @@ def test_minibatches_2_does_two_optimizer_steps(tmp_path):
 
 def test_resume_with_minibatches_and_critic_knobs_is_exact(tmp_path):
     "sao with 2 minibatches, 2 warmup steps, K=1, a narrower critic and lambda 0.9: a NaN crash + resume equals the full run."
-    kw = dict(
-        steps=8, lag_mode="random", minibatches=2, critic_warmup=2, critic_k=1, critic_width=16, policy_lambda=0.9
-    )
+    kw = dict(steps=8, lag_mode="random", minibatches=2, warmup_steps=2, critic_k=1, critic_width=16, policy_lambda=0.9)
     full = train_run(smoke_cfg("sao", tmp_path / "a", **kw), log=None)
     with pytest.raises(NonFiniteError):
         train_run(smoke_cfg("sao", tmp_path / "b", debug_nan_step=6, **kw), log=None)
@@ -149,6 +147,7 @@ def test_shipped_sweep_configs_load():
 
 
 # ---------------------------------------------------------------- the smoke sweep end to end, twice
+@pytest.mark.slow
 def test_smoke_sweep_end_to_end_skips_and_resumes(tmp_path, capsys):
     sc = load_sweep(SMOKE_SWEEP)
     assert sweep_main([str(SMOKE_SWEEP), "--out", str(tmp_path), "--jobs", "2"]) == 0

@@ -133,13 +133,13 @@ def _sync_rollout(self):
     cfg, s = self.cfg, self.setting
     lag = pick_lag(cfg.rollout(), self.step, self.rng)
     assert lag == 0
-    prompts = sample_problems(cfg.task(), cfg.traj_per_step // s.group_size, "train", self.rng)
+    prompts = sample_problems(cfg.task(), cfg.trajectories_per_step // s.group_size, "train", self.rng)
     problems = [p for p in prompts for _ in range(s.group_size)]
     return collect(self.policy, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
 
 
 @pytest.mark.parametrize(
-    "setting, kw", [("single_dis", {}), ("grpo_dis", {"minibatches": 2}), ("sao", {"critic_warmup": 1})]
+    "setting, kw", [("single_dis", {}), ("grpo_dis", {"minibatches": 2}), ("sao", {"warmup_steps": 1})]
 )
 def test_lag_0_without_noise_is_the_synchronous_loop(setting, kw, tmp_path, monkeypatch):
     """Lag 0, no logit noise: the behaviour policy is the trainer's weights bit for bit, the exact engine reports

@@ -52,6 +52,7 @@ def test_resume_compares_options_even_without_a_checkpoint(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- one process per run folder
+@pytest.mark.slow
 def test_second_run_on_a_busy_folder_exits_2_and_a_stale_lock_is_taken_over(tmp_path):
     args = ["run", *_run_args(tmp_path, 100_000, "--ckpt-every", "1", "--eval-every", "100000")]  # never ends by itself
     first = cli(*args)

@@ -120,7 +120,14 @@ def _toy_study(runs, settings=("sao", "grpo"), seeds=(0, 1, 2), steps=60):
             d.mkdir(parents=True)
             (d / "config.json").write_text(
                 json.dumps(
-                    {"setting": s, "seed": k, "backend": "mini", "steps": steps, "traj_per_step": 16, "out": str(runs)}
+                    {
+                        "setting": s,
+                        "seed": k,
+                        "backend": "mini",
+                        "steps": steps,
+                        "trajectories_per_step": 16,
+                        "out": str(runs),
+                    }
                 )
             )
             rows = [

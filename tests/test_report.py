@@ -34,7 +34,14 @@ def runs(tmp_path_factory):
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("runs")
-    ov = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 20, "eval_n": 32, "ckpt_every": STEPS}
+    ov = {
+        "preset": "smoke",
+        "difficulty": 1,
+        "trajectories_per_step": 16,
+        "eval_every": 20,
+        "n_eval": 32,
+        "ckpt_every": STEPS,
+    }
     for s in SETTINGS:
         for k in SEEDS:
             run_setting(s, k, STEPS, out_dir=str(out), overrides=ov, log=None)

@@ -135,6 +135,7 @@ def test_installed_versions_match_the_pins():
             assert got[name] is not None and pin in (got[name], got[name].split("+")[0]), (req, got[name])
 
 
+@pytest.mark.slow
 @needs_venv
 def test_a_complete_environment_is_left_alone():
     p = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=300)

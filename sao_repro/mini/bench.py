@@ -268,7 +268,14 @@ def bench_sweep(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
     p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs for both paths (default: this machine's)")
     a = p.parse_args(argv)
-    base = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_n": 32, "eval_every": 10, "ckpt_every": 10}
+    base = {
+        "preset": "smoke",
+        "difficulty": 1,
+        "trajectories_per_step": 16,
+        "n_eval": 32,
+        "eval_every": 10,
+        "ckpt_every": 10,
+    }
     sweep = {
         "name": "bench",
         "settings": ["single_dis", "running_mean"],

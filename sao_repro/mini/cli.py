@@ -17,6 +17,7 @@ from typing import Literal, get_type_hints
 
 import numpy as np
 import tyro
+from .config import RENAMED_OPTIONS
 
 from ..settings import list_settings
 from sao_repro.mini.train import (
@@ -68,7 +69,14 @@ __all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_ar
            'compare_options', 'prebuild_warm_start', 'compare_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
-SMOKE = {"preset": "smoke", "difficulty": 1, "traj_per_step": 16, "eval_every": 2, "ckpt_every": 2, "eval_n": 32}
+SMOKE = {
+    "preset": "smoke",
+    "difficulty": 1,
+    "trajectories_per_step": 16,
+    "eval_every": 2,
+    "ckpt_every": 2,
+    "n_eval": 32,
+}
 
 
 def make_config(
@@ -244,8 +252,18 @@ def command_options(
     return make_dataclass(command.__name__, own + run, bases=(command,), kw_only=True)
 
 
+def _renamed_flag(arg: str) -> str:
+    "A flag under an option's old spelling (`RENAMED_OPTIONS`, e.g. --traj-per-step) as its name (--trajectories-per-step)."
+    flag, eq, value = arg.partition("=")
+    for old, new in RENAMED_OPTIONS.items():
+        if flag in (f"--{old}", f"--{old.replace('_', '-')}"):
+            return f"--{new.replace('_', '-')}" + eq + value
+    return arg
+
+
 def parse_command(cls: type, argv: list[str], prog: str, description: str):
     "Parse ARGV into `cls` with tyro (exit 2 naming the option on a bad one); switches are plain `--flag`s."
+    argv = [_renamed_flag(a) for a in (argv if argv is not None else sys.argv[1:])]
     return tyro.cli(cls, args=argv, prog=prog, description=description, config=(tyro.conf.FlagCreatePairsOff,))
 
 

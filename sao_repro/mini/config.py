@@ -6,6 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/mini.config.html.md"""
 
 # %% ../../nbs/28_mini.config.ipynb #3bd40ac2
 from __future__ import annotations
+import functools
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
@@ -22,7 +23,8 @@ from .rollout import RolloutConfig
 from .task import TaskConfig, chain_prompt_len, max_answer_len, task_tokenizer
 
 # %% auto #0
-__all__ = ['Backend', 'BACKENDS', 'NEEDS', 'KNOB_NEEDS', 'INPUT_PATHS', 'MiniRunConfig', 'knob_misfit']
+__all__ = ['Backend', 'BACKENDS', 'NEEDS', 'KNOB_NEEDS', 'INPUT_PATHS', 'RENAMED_OPTIONS', 'MiniRunConfig', 'canonical_options',
+           'knob_misfit']
 
 # %% ../../nbs/28_mini.config.ipynb #69a64c7f
 Backend = Literal["mini", "areal"]
@@ -38,7 +40,7 @@ class MiniRunConfig:
     steps: int = field(default=400, metadata={"help": "training steps"})
     backend: Backend = field(default="mini", metadata={"help": "'mini' (this CPU testbed)"})
     out: str = field(default="runs", metadata={"help": "root of run folders <out>/<backend>/<setting>/seed<S>/"})
-    traj_per_step: int = field(default=64, metadata={"help": "trajectories per step, equal across settings"})
+    trajectories_per_step: int = field(default=64, metadata={"help": "trajectories per step, equal across settings"})
     lr: float = field(default=1e-4, metadata={"help": "policy Adam learning rate"})
     critic_lr: float = field(default=5e-4, metadata={"help": "critic Adam learning rate (paper ratio 5x the policy's)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
@@ -52,7 +54,7 @@ class MiniRunConfig:
     difficulty: int = field(default=2, metadata={"help": "digits per operand of the arithmetic task"})
     ops: str = field(default="+", metadata={"help": "operators of the arithmetic task"})
     eval_every: int = field(default=25, metadata={"help": "held-out evaluation every N steps (and at the last step)"})
-    eval_n: int = field(default=512, metadata={"help": "held-out problems per evaluation"})
+    n_eval: int = field(default=512, metadata={"help": "held-out problems per evaluation"})
     ckpt_every: int = field(default=50, metadata={"help": "checkpoint every N steps (and at the last step)"})
     keep_ckpts: int = field(default=2, metadata={"help": "checkpoints kept on disk"})
     preset: Literal["default", "smoke"] = field(
@@ -63,7 +65,7 @@ class MiniRunConfig:
     minibatches: int = field(
         default=1, metadata={"help": "policy optimizer steps per training step, each on a shuffled slice of the batch"}
     )
-    critic_warmup: int | None = field(default=None, metadata={"help": knob_help("warmup_steps", "None: the setting's")})
+    warmup_steps: int | None = field(default=None, metadata={"help": knob_help("warmup_steps", "None: the setting's")})
     critic_k: int | None = field(default=None, metadata={"help": knob_help("critic_k", "None: the setting's K")})
     critic_freeze: Literal["none", "attention"] | None = field(
         default=None,
@@ -137,9 +139,9 @@ class MiniRunConfig:
             raise ValueError(f"unknown setting {self.setting!r}; valid settings: {', '.join(list_settings())}")
         self._check_choices()
         g = get_setting(self.setting).group_size
-        if self.traj_per_step % g:
+        if self.trajectories_per_step % g:
             raise ValueError(
-                f"traj_per_step={self.traj_per_step} must be a multiple of {self.setting}'s group size {g}"
+                f"trajectories_per_step={self.trajectories_per_step} must be a multiple of {self.setting}'s group size {g}"
             )
         if self.steps < 1 or self.eval_every < 1 or self.ckpt_every < 1:
             raise ValueError("steps, eval_every and ckpt_every must be >= 1")
@@ -151,17 +153,14 @@ class MiniRunConfig:
 
     def _check_knobs(self):
         "Checks of the optional knobs (minibatches, critic overrides, policy_lambda)."
-        if not 1 <= self.minibatches <= self.traj_per_step:
-            raise ValueError(f"minibatches={self.minibatches} must be between 1 and traj_per_step={self.traj_per_step}")
-        for name, knob in (
-            ("critic_warmup", "warmup_steps"),
-            ("critic_k", "critic_k"),
-            ("policy_lambda", "policy_lambda"),
-            ("adv_whiten", "adv_whiten"),
-            ("critic_freeze", "critic_freeze"),
-        ):
+        if not 1 <= self.minibatches <= self.trajectories_per_step:
+            raise ValueError(
+                f"minibatches={self.minibatches} must be between 1 and "
+                f"trajectories_per_step={self.trajectories_per_step}"
+            )
+        for name in ("warmup_steps", "critic_k", "policy_lambda", "adv_whiten", "critic_freeze"):
             if getattr(self, name) is not None:  # None: the setting's value
-                setattr(self, name, check_knob(knob, getattr(self, name), name))
+                setattr(self, name, check_knob(name, getattr(self, name), name))
         if self.dis_band is not None:
             self.dis_band = dis_preset(self.dis_band, "dis_band")
         for name in KNOB_NEEDS:  # a knob of a part the setting does not have is refused, never recorded unused
@@ -174,10 +173,10 @@ class MiniRunConfig:
             raise ValueError(f"critic_width={self.critic_width} must be a multiple of n_heads={self.model().n_heads}")
 
     def effective_setting(self) -> Setting:
-        "The setting with this run's overrides (critic_warmup, critic_k, policy_lambda, adv_whiten, critic_freeze, dis_band) applied."
+        "The setting with this run's overrides (warmup_steps, critic_k, policy_lambda, adv_whiten, critic_freeze, dis_band) applied."
         s = get_setting(self.setting)
         ov = {
-            "warmup_steps": self.critic_warmup,
+            "warmup_steps": self.warmup_steps,
             "critic_k": self.critic_k,
             "policy_lambda": self.policy_lambda,
             "adv_whiten": self.adv_whiten,
@@ -190,7 +189,8 @@ class MiniRunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> MiniRunConfig:
-        "Build from a dict, naming unknown keys."
+        "Build from a dict (old spellings of renamed options accepted), naming unknown keys."
+        d = canonical_options(d)
         names = {f.name for f in fields(cls)}
         bad = sorted(set(d) - names)
         if bad:
@@ -205,7 +205,7 @@ class MiniRunConfig:
         return TaskConfig(
             difficulty=self.difficulty,
             ops=self.ops,
-            n_eval=self.eval_n,
+            n_eval=self.n_eval,
             family=self.family,
             min_terms=self.min_terms,
             max_terms=self.max_terms,
@@ -243,6 +243,38 @@ NEEDS = {"critic": ("critic", lambda s: s.critic), "dis": ("DIS band to replace"
 KNOB_NEEDS = {f.name: f.metadata["needs"] for f in fields(MiniRunConfig) if "needs" in f.metadata}
 INPUT_PATHS = tuple(f.name for f in fields(MiniRunConfig) if f.metadata.get("input"))
 
+# one spelling per knob: the testbed's options take the names the settings and the cluster config use; the old
+# spellings are still accepted wherever users typed them (flags, sweep keys, keyword arguments, a run's config.json)
+RENAMED_OPTIONS = {"critic_warmup": "warmup_steps", "traj_per_step": "trajectories_per_step", "eval_n": "n_eval"}
+
+
+def canonical_options(d: dict) -> dict:
+    "`d` with each old option spelling (`RENAMED_OPTIONS`) under its name; both spellings of one option is an error."
+    out = dict(d)
+    for old, new in RENAMED_OPTIONS.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{old} and {new} are one option ({old} is its old name): give {new} only")
+            out[new] = out.pop(old)
+    return out
+
+
+def _accept_old_spellings(cls):
+    "Keyword arguments and attributes under the old spellings reach the renamed fields."
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kw):
+        init(self, *args, **canonical_options(kw))
+
+    cls.__init__ = __init__
+    for old, new in RENAMED_OPTIONS.items():
+        setattr(cls, old, property(lambda self, n=new: getattr(self, n), lambda self, v, n=new: setattr(self, n, v)))
+    return cls
+
+
+_accept_old_spellings(MiniRunConfig)
+
 
 def knob_misfit(
     name: str,  # a `MiniRunConfig` field
@@ -261,11 +293,11 @@ def knob_misfit(
 _INT_MIN = {
     "seed": 0,
     "steps": 1,
-    "traj_per_step": 1,
+    "trajectories_per_step": 1,
     "lag": 0,
     "difficulty": 1,
     "eval_every": 1,
-    "eval_n": 1,
+    "n_eval": 1,
     "ckpt_every": 1,
     "keep_ckpts": 1,
     "threads": 1,

@@ -19,7 +19,7 @@ from ..files import write_atomic
 from ..safeload import load_state
 from ..runlog import log_event  # one events.log format for both backends
 from ..runlog import event_line_ok, parse_record, repair_lines, utf8_name, valid_step
-from .config import INPUT_PATHS, MiniRunConfig
+from .config import INPUT_PATHS, MiniRunConfig, canonical_options
 
 # %% auto #0
 __all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
@@ -141,6 +141,7 @@ def _same(key: str, old, new) -> bool:
 
 def config_changes(saved: dict, cfg: MiniRunConfig) -> list[dict]:
     "Options of `cfg` that differ from the checkpoint's `saved` config and change results."
+    saved = canonical_options(saved)  # a run made before an option's rename saved its old spelling
     return [
         {"key": k, "old": saved[k], "new": v}
         for k, v in asdict(cfg).items()

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..settings import list_settings
 from .train import MiniRunConfig
+from .config import canonical_options
 from ..configfile import load_yaml_bounded
 from ..stats import paired_effect as paired_effect
 from .runfolder import run_state
@@ -118,6 +119,9 @@ def load_sweep(path_or_dict) -> SweepConfig:
     missing = [k for k in ("name", "settings", "seeds", "steps") if k not in d]
     if missing:
         raise ValueError(f"missing sweep key(s) {missing}")
+    for part in ("base", "grid"):  # run options under their old spellings are read under their names
+        if isinstance(d.get(part), dict):
+            d[part] = canonical_options(d[part])
     return SweepConfig(**d)
 
 

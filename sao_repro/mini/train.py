@@ -114,8 +114,8 @@ class MiniTrainer:
                 warmup_steps=self.setting.warmup_steps,
                 freeze=self.setting.critic_freeze,
             )
-        elif log and any(getattr(cfg, k) is not None for k in ("critic_warmup", "critic_k", "critic_width")):
-            log(f"note: {cfg.setting} has no critic; critic_warmup / critic_k / critic_width are recorded but unused")
+        elif log and any(getattr(cfg, k) is not None for k in ("warmup_steps", "critic_k", "critic_width")):
+            log(f"note: {cfg.setting} has no critic; warmup_steps / critic_k / critic_width are recorded but unused")
         self.baseline = RunningMeanBaseline() if self.setting.advantage == "running_mean" else None
         self.history = PolicyHistory(keep=cfg.lag + 1)
         self.history.push(0, self.policy)
@@ -155,7 +155,7 @@ def rollout(self: MiniTrainer):
     cfg, s = self.cfg, self.setting
     lag = pick_lag(cfg.rollout(), self.step, self.rng)
     behav = self.history.load_into(self.step - lag, self.behav)
-    prompts = sample_problems(cfg.task(), cfg.traj_per_step // s.group_size, "train", self.rng)
+    prompts = sample_problems(cfg.task(), cfg.trajectories_per_step // s.group_size, "train", self.rng)
     problems = [p for p in prompts for _ in range(s.group_size)]
     return collect(behav, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
 

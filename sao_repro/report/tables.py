@@ -36,6 +36,11 @@ REFERENCE_RESULTS = [
 ]
 
 
+def _trajectories(c: dict):
+    "Trajectories per step from a run's config.json (runs made before the option's rename call it traj_per_step)."
+    return c.get("trajectories_per_step", c.get("traj_per_step"))
+
+
 def reference_table() -> pd.DataFrame:
     "The reference implementation's reported numbers (MATH / Qwen3-4B / 1000 steps), formatted."
     rows = [
@@ -195,7 +200,7 @@ def run_summary(df: pd.DataFrame, runs_df: pd.DataFrame, start_steps: int = 50, 
     s = s.merge(runs_df[["run", "backend", "dir", "config"]], on="run", how="left").merge(
         heldout_summary(df, end_steps), on="run", how="left"
     )
-    s["traj_per_step"] = [c.get("traj_per_step") if isinstance(c, dict) else None for c in s.config]
+    s["trajectories_per_step"] = [_trajectories(c) if isinstance(c, dict) else None for c in s.config]
     return s.sort_values(["backend", "setting", "seed"]).reset_index(drop=True)
 
 # %% ../../nbs/70_report.tables.ipynb #4a3f2e1b
@@ -242,7 +247,7 @@ def numbers_table(
             h0, h0_ci, _ = mean_ci(g.heldout_start) if "heldout_start" in g else (float("nan"),) * 3
             h1, h1_ci, _ = mean_ci(g.heldout_end) if "heldout_end" in g else (float("nan"),) * 3
             steps = sorted(set(int(x) for x in g.last_step))
-            traj = sorted(set(int(x) for x in g.traj_per_step.dropna()))
+            traj = sorted(set(int(x) for x in g.trajectories_per_step.dropna()))
             rows.append(
                 {
                     "backend": backend,
@@ -348,7 +353,7 @@ def distance_table(runs_df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame
         ("model", "Qwen3-4B", model),
         ("data", "MATH, hard split; math-verify reward", data),
         ("steps", "1000", steps),
-        ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(lambda c: c.get("traj_per_step"))),
+        ("trajectories / step", "512 (64 prompts x 8, or 512 x 1)", vals(_trajectories)),
         ("DIS band (preset)", "reference [0.3, 5.0] (reference implementation)", conv),
         ("asynchrony", "AReaL max_head_offpolicyness, vLLM/SGLang rollout engine", lag),
     ]
