@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM as a request a run reads at its next step boundary, and a server served until Ctrl-C.
+"""Ctrl-C and SIGTERM as a request a run reads at its next step boundary, a server served until Ctrl-C, a command's exit code for an error or Ctrl-C, and a process that ends with its launcher.
 
 Docs: https://sao-repro.github.io/sao-repro/stopping.html.md"""
 
@@ -6,11 +6,15 @@ Docs: https://sao-repro.github.io/sao-repro/stopping.html.md"""
 
 # %% ../nbs/09_stopping.ipynb #4f9fd0cd
 from __future__ import annotations
+import os
 import signal
+import sys
 import threading
+import time
 
 # %% auto #0
-__all__ = ['RunInterrupted', 'GracefulStop', 'serve_until_interrupted']
+__all__ = ['PARENT_ENV', 'RunInterrupted', 'GracefulStop', 'serve_until_interrupted', 'ExitOn', 'set_pdeathsig',
+           'exit_with_parent']
 
 # %% ../nbs/09_stopping.ipynb #e049940b
 class RunInterrupted(Exception):
@@ -52,3 +56,58 @@ def serve_until_interrupted(srv) -> int:
     finally:
         srv.server_close()
     return 0
+
+# %% ../nbs/09_stopping.ipynb #5e0a1c22
+class ExitOn:
+    """Context manager around one step of a command's `main`: an exception a rule names ends the block, prints
+    `{lead}{prog}: {message}` to stderr and sets `code`; `code` stays None when the block ran through.
+    A rule is (exception type or tuple of types, exit code, message prefix or function of the exception); the first
+    rule that matches applies, an exception no rule names goes on."""
+
+    def __init__(self, prog: str, *rules: tuple, lead: str = ""):
+        self.prog, self.rules, self.lead, self.code = prog, rules, lead, None
+
+    def __enter__(self) -> ExitOn:
+        return self
+
+    def __exit__(self, typ, e, tb) -> bool:
+        for types, code, message in self.rules:
+            if typ is not None and issubclass(typ, types):
+                text = message(e) if callable(message) else f"{message}{e}"
+                print(f"{self.lead}{self.prog}: {text}", file=sys.stderr)
+                self.code = code
+                return True
+        return False
+
+# %% ../nbs/09_stopping.ipynb #5e0a1c25
+PARENT_ENV = "SAO_PARENT_PID"  # set by a launcher to its pid: what it starts ends when that process is gone
+
+
+def set_pdeathsig(sig: int):
+    "PR_SET_PDEATHSIG (Linux): the signal this process gets when its parent dies (0: none); a no-op elsewhere."
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_with_parent(interval_s: float = 1.0) -> bool:
+    """If $SAO_PARENT_PID names this process's parent, SIGKILL this process group once that parent is gone (even after
+    a kill -9 of it), checking every `interval_s` seconds; True when the watch runs."""
+    want = os.environ.get(PARENT_ENV, "")
+    if not want.isdigit() or int(want) != os.getppid():
+        return False
+
+    def watch():
+        while os.getppid() == int(want):
+            time.sleep(interval_s)
+        try:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        finally:
+            os._exit(137)  # should the group's kill fail: this process at least
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    set_pdeathsig(0)  # from now on the watch ends the whole group; a parent-death signal would end only this process
+    return True

@@ -25,7 +25,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
-from ..stopping import serve_until_interrupted
+from ..stopping import ExitOn, exit_with_parent, serve_until_interrupted
 from ..checks import port_arg
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925
@@ -435,8 +435,6 @@ def cpu_server_parser() -> argparse.ArgumentParser:
 def cpu_server_main(argv: list[str] | None = None) -> int:
     "`sao-repro cpu-server`: serve until interrupted."
     a = cpu_server_parser().parse_args(argv)
-    from sao_repro.areal.train import exit_with_parent
-
     exit_with_parent()  # started by `sao-repro rehearse`: no server outlives it
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         cpu_server_parser().error(f"--model {a.model}: no config.json there; give a Hugging Face model folder")
@@ -447,13 +445,12 @@ def cpu_server_main(argv: list[str] | None = None) -> int:
             f"--host {a.host}: a non-loopback address needs {KEY_ENV} in the environment "
             f"(e.g. `export {KEY_ENV}=$(openssl rand -hex 16)`); or bind 127.0.0.1"
         )
-    try:
+    with ExitOn("sao-repro cpu-server", ((OSError, ValueError), 2, "")) as started:
         srv = serve(
             a.model, a.host, a.port, key, logprob_noise=a.logprob_noise, sample_dtype=a.sample_dtype, seed=a.seed
         )
-    except (OSError, ValueError) as e:
-        print(f"sao-repro cpu-server: {e}", file=sys.stderr)
-        return 2
+    if started.code is not None:
+        return started.code
     print(f"sao-repro cpu-server: serving {a.model} on http://{a.host}:{srv.server_address[1]}", flush=True)
     return serve_until_interrupted(srv)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from ..runconfig import repo_dir
 from ..runlog import note_exit, read_events
+from ..stopping import ExitOn
 
 # the launch's first step; importable from here as before
 from sao_repro.areal.preflight import (
@@ -363,13 +364,12 @@ def areal_config_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dotenv", default=".env", help="file with SAO_WS / MODEL_ROOT / REWARD_ROOT (default: .env)")
     a = p.parse_intermixed_args(argv)
-    try:
+    with ExitOn("sao-repro areal-config", ((ImportError, ValueError, FileNotFoundError), 2, "")) as loaded:
         C = areal_config_module()
         _, missing = C.config_env(a.dotenv)
         cfg = C.load_sao_config(a.config, a.overrides, dotenv=a.dotenv, placeholders=True)
-    except (ImportError, ValueError, FileNotFoundError) as e:
-        print(f"sao-repro areal-config: {e}", file=sys.stderr)
-        return 2
+    if loaded.code is not None:
+        return loaded.code
     if missing:
         print(f"# note: unset {', '.join(missing)}: shown as <unset:NAME> (see .env.example)", file=sys.stderr)
     sys.stdout.write(C.config_yaml(cfg))

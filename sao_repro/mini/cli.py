@@ -31,12 +31,12 @@ from sao_repro.mini.train import (
     read_metrics,
     train_run,
 )
-from ..stopping import RunInterrupted
+from ..stopping import ExitOn, RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import checkpoints, run_state
 from .inputs import check_inputs, fit_knobs, resolve_inputs
-from .rayconnect import RayUnavailable, ray_problem
+from .rayconnect import RayUnavailable, ray_ready
 from sao_repro.mini.summary import (
     format_summary,
     point_summary,
@@ -66,7 +66,7 @@ STUDY_SOURCES = [
 __all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_areal_overrides', 'run_setting', 'plot_run',
            'RunCommand', 'setting_choice', 'command_options', 'parse_command', 'run_overrides', 'run_options',
            'run_main', 'find_run_notebook', 'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand',
-           'compare_options', 'prebuild_warm_start', 'compare_main']
+           'compare_options', 'prebuild_warm_start', 'batch_exits', 'compare_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #262cd0c9
 SMOKE = {
@@ -295,13 +295,12 @@ def run_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, ov = run_options(argv)
     steps = ov.pop("steps", None)
-    try:  # argument errors, a critic_init that cannot be used among them, exit 2 before any folder is made
-        if args.backend == "mini":
+    with ExitOn("sao-repro run", ((ValueError, OSError), 2, "error: ")) as checked:
+        if args.backend == "mini":  # argument errors, a critic_init that cannot be used among them: before any folder
             ov = resolve_inputs(ov)
             check_inputs([make_config(args.setting, args.seed, steps, args.backend, args.out, args.smoke, ov)])
-    except (ValueError, OSError) as e:
-        print(f"sao-repro run: error: {e}", file=sys.stderr)
-        return 2
+    if checked.code is not None:
+        return checked.code
     try:
         d = run_setting(
             args.setting,
@@ -556,6 +555,24 @@ def _compare_on_ray(a, ovs, nb, todo, bar) -> list[tuple]:
     return [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
 
 
+def batch_exits(prog: str, t0: float) -> ExitOn:
+    """The exits of a batch of runs (`compare`, `sweep`) started at `t0`: Ray refusing the connection after the check
+    exits 2 naming why; Ctrl-C exits 130 (Ray: the tasks in flight are cancelled; every run folder resumes as it is)."""
+    return ExitOn(
+        prog,
+        (RayUnavailable, 2, ""),
+        (
+            KeyboardInterrupt,
+            130,
+            lambda e: (
+                f"interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
+                "resume: run the same command again"
+            ),
+        ),
+        lead="\n",  # below the progress bar
+    )
+
+
 def compare_main(argv: list[str] | None = None) -> int:
     "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad option (before any run), 130 when interrupted."
     from tqdm.auto import tqdm
@@ -566,18 +583,14 @@ def compare_main(argv: list[str] | None = None) -> int:
     if a.ray is not None and a.backend != "mini":
         print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
         return 2
-    try:  # every option, critic_init's file among them, before any run starts or any folder is made
-        ovs, notes = _compare_plan(a, ov)
-    except (ValueError, OSError) as e:
-        print(f"sao-repro compare: error: {e}", file=sys.stderr)
-        return 2
+    with ExitOn("sao-repro compare", ((ValueError, OSError), 2, "error: ")) as planned:
+        ovs, notes = _compare_plan(a, ov)  # every option, critic_init's file among them, before any run or folder
+    if planned.code is not None:
+        return planned.code
     for note in notes:  # the knobs left out for some settings, and why
         print(note)
-    if a.ray is not None:  # a cluster that is not there, or not Ray, is named before any run starts
-        problem = ray_problem(a.ray)
-        if problem:
-            print(f"sao-repro compare: {problem}", file=sys.stderr)
-            return 2
+    if not ray_ready("sao-repro compare", a.ray):  # a cluster that is not there, or not Ray, before any run starts
+        return 2
     jobs = [(s, k, _compare_state(a, ovs, s, k)) for s in a.settings for k in range(a.seeds)]
     done = [(s, k) for s, k, st in jobs if st == "done"]
     if done:
@@ -587,7 +600,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         )
     t0 = time.time()
     todo = [(s, k, st) for s, k, st in jobs if st != "done"]
-    try:
+    with batch_exits("sao-repro compare", t0) as ran:
         with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
             if a.ray is not None:
                 failed = _compare_on_ray(a, ovs, nb, todo, bar)
@@ -595,16 +608,8 @@ def compare_main(argv: list[str] | None = None) -> int:
                 if a.backend == "mini" and todo:
                     prebuild_warm_start(a, ovs[a.settings[0]])
                 failed = _compare_local(a, ovs, nb, todo, bar)
-    except RayUnavailable as e:  # Ray answered the check but refused the connection
-        print(f"\nsao-repro compare: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; every run folder resumes as it is
-        print(
-            f"\nsao-repro compare: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
-            "resume: run the same command again",
-            file=sys.stderr,
-        )
-        return 130
+    if ran.code is not None:
+        return ran.code
     rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
     summ = Path(a.out) / a.backend / "summary.md"
     table, rest = format_summary(rows), ""

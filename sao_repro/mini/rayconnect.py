@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MARK', 'LOOPBACK', 'RayUnavailable', 'ray_target', 'answers_as_ray', 'ray_check', 'ray_problem', 'instance_pids',
-           'stop_instance', 'start_warden', 'free_ports', 'start_local_ray', 'stop_local_ray', 'ray_connect',
-           'ray_connected', 'ray_disconnect']
+__all__ = ['MARK', 'LOOPBACK', 'RayUnavailable', 'ray_target', 'answers_as_ray', 'ray_check', 'ray_problem', 'ray_ready',
+           'instance_pids', 'stop_instance', 'start_warden', 'free_ports', 'start_local_ray', 'stop_local_ray',
+           'ray_connect', 'ray_connected', 'ray_disconnect']
 
 # %% ../../nbs/22_mini.rayconnect.ipynb #3a174597
 class RayUnavailable(RuntimeError):
@@ -132,6 +132,18 @@ def ray_check(
 def ray_problem(address: str, timeout: float = 10.0) -> str | None:
     "Why `--ray address` cannot be used, in one sentence that says what to do; None when it can."
     return ray_check(address, timeout)[1]
+
+
+def ray_ready(
+    prog: str,  # the command, as its messages start: "sao-repro sweep"
+    address: str | None,  # `--ray`: None when not given
+    timeout: float = 10.0,  # seconds to wait for the cluster's answer
+) -> bool:
+    "`--ray address` before any run starts: True when it is not given or can be used, else False with the problem on stderr as `prog: problem` (the command exits 2)."
+    problem = None if address is None else ray_problem(address, timeout)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+    return not problem
 
 # %% ../../nbs/22_mini.rayconnect.ipynb #c8b3264a
 MARK = "SAO_RAY_INSTANCE"  # in the environment of every process of a private instance: the instance's folder

@@ -26,8 +26,16 @@ from ..configfile import load_yaml_bounded
 from ..stats import paired_effect as paired_effect
 from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
-from .rayconnect import RayUnavailable, ray_problem
-from .cli import check_parameters_cell, execute_run, find_run_notebook, make_config, prebuild_warm_start
+from ..stopping import ExitOn
+from .rayconnect import ray_ready
+from sao_repro.mini.cli import (
+    batch_exits,
+    check_parameters_cell,
+    execute_run,
+    find_run_notebook,
+    make_config,
+    prebuild_warm_start,
+)
 from sao_repro.mini.summary import (
     format_phenomena as format_phenomena,
     format_results as format_results,
@@ -253,23 +261,20 @@ def _run_jobs_on_ray(nb: Path, sc: SweepConfig, todo: list[dict], address: str, 
 def sweep_main(argv: list[str] | None = None) -> int:
     "`sao-repro sweep CONFIG`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad CONFIG, 130 on Ctrl-C."
     a = sweep_parser().parse_args(argv)
-    try:
+    bad = f"bad config {a.config}: "
+    with ExitOn("sao-repro sweep", ((ValueError, TypeError, OSError, yaml.YAMLError), 2, bad)) as loaded:
         sc = load_sweep(a.config)
-    except (ValueError, TypeError, OSError, yaml.YAMLError) as e:
-        print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
-        return 2
+    if loaded.code is not None:
+        return loaded.code
     jobs = sweep_jobs(sc, a.out)
     todo = [j for j in jobs if j["state"] != "done"]
-    try:  # the input files of the runs to come (critic_init), read once each, before any run or folder
+    with ExitOn("sao-repro sweep", ((ValueError, OSError), 2, bad)) as checked:
+        # the input files of the runs to come (critic_init), read once each, before any run or folder
         check_inputs(make_config(j["setting"], j["seed"], sc.steps, overrides=j["overrides"]) for j in todo)
-    except (ValueError, OSError) as e:
-        print(f"sao-repro sweep: bad config {a.config}: {e}", file=sys.stderr)
+    if checked.code is not None:
+        return checked.code
+    if not ray_ready("sao-repro sweep", a.ray):  # a cluster that is not there, or not Ray, before any run starts
         return 2
-    if a.ray is not None:  # a cluster that is not there, or not Ray, is named before any run starts
-        problem = ray_problem(a.ray)
-        if problem:
-            print(f"sao-repro sweep: {problem}", file=sys.stderr)
-            return 2
     nb = Path(a.notebook) if a.notebook else find_run_notebook()
     check_parameters_cell(nb)
     print(
@@ -282,21 +287,13 @@ def sweep_main(argv: list[str] | None = None) -> int:
             SimpleNamespace(settings=sc.settings, steps=sc.steps, backend="mini", out=a.out, smoke=False),
             {**sc.base, **point},
         )
-    try:
+    with batch_exits("sao-repro sweep", t0) as ran:
         with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {sc.name}", unit="run") as bar:
             failed = (
                 _run_jobs(nb, sc, todo, a.jobs, bar) if a.ray is None else _run_jobs_on_ray(nb, sc, todo, a.ray, bar)
             )
-    except RayUnavailable as e:  # Ray answered the check but refused the connection
-        print(f"\nsao-repro sweep: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ray: the tasks in flight are cancelled; their run folders are as they were
-        print(
-            f"\nsao-repro sweep: interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
-            "resume: run the same command again",
-            file=sys.stderr,
-        )
-        return 130
+    if ran.code is not None:
+        return ran.code
     res = sweep_results(sc, a.out)
     res["failed"] = [{"label": j["label"], "setting": j["setting"], "seed": j["seed"]} for j, _ in failed]
     table = study_tables(res)

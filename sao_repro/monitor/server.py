@@ -16,7 +16,7 @@ from pathlib import Path
 from .data import MonitorState
 from .access import KEY_ENV, is_loopback
 from .handler import IDLE_TIMEOUT_S, MonitorHandler
-from ..stopping import serve_until_interrupted
+from ..stopping import ExitOn, serve_until_interrupted
 from ..checks import port_arg
 
 # %% auto #0
@@ -122,14 +122,12 @@ def monitor_main(argv: list[str] | None = None) -> int:
     args = monitor_parser().parse_args(argv)
     key = os.environ.get(KEY_ENV) or None
     logs = Path(args.logs)
-    try:
+    with ExitOn(
+        "sao-repro monitor", (ValueError, 2, ""), (OSError, 1, f"cannot listen on {args.host}:{args.port}: ")
+    ) as started:
         srv = make_server(logs, args.host, args.port, key, args.stall_minutes, args.refresh, args.verbose)
-    except ValueError as e:
-        print(f"sao-repro monitor: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"sao-repro monitor: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 1
+    if started.code is not None:
+        return started.code
     if not logs.exists():
         print(f"sao-repro monitor: {logs} does not exist yet; runs will appear when it does", file=sys.stderr)
     print(f"sao-repro monitor: watching {logs.resolve()} at {srv.url}", flush=True)

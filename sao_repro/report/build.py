@@ -21,6 +21,7 @@ from ..files import OutputPathError, check_output_dir, drop_links, file_sha256, 
 from ..metrics import find_runs
 from ..runlog import utf8_name
 from ..nbrun import run_notebook
+from ..stopping import ExitOn
 from .tables import load_runs, numbers_table, run_summary, runs_table
 from .text import display_path, report_base, report_title
 from sao_repro.report.render import (
@@ -299,14 +300,13 @@ def report_main(argv: list[str] | None = None) -> int:
         ("--sweeps", a.sweeps and display_path(a.sweeps, base), None),
     ):
         cmd += f" {flag} {shlex.quote(str(v))}" if v != default else ""
-    try:
+    with ExitOn("sao-repro report", ((OutputPathError, ValueError), 2, "error: ")) as checked:
         for flag, v in (("--runs", a.runs), ("--out", a.out), ("--sweeps", a.sweeps), ("--notebook", a.notebook)):
             if v:
                 text_path(v, flag)
         check_output_dir(a.out, "--out")
-    except (OutputPathError, ValueError) as e:
-        print(f"sao-repro report: error: {e}", file=sys.stderr)
-        return 2
+    if checked.code is not None:
+        return checked.code
     try:
         res = render_report(
             a.runs,

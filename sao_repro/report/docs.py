@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 import yaml
 from ..files import OutputPathError, check_output_dir, drop_links, output_dir
+from ..stopping import ExitOn
 from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
 from .layout import doc_sections
 from .pages import page_title, shell_cells, tidy_doc_nb
@@ -524,11 +525,10 @@ def docs_main(argv: list[str] | None = None) -> int:
         print(
             "docs: quarto is on PATH; `nbdev-docs` or `quarto render` build the Quarto site. Building the offline site too."
         )
-    try:
+    with ExitOn("docs", (OutputPathError, 2, "error: ")) as checked:
         check_output_dir(a.out, "--out")
-    except OutputPathError as e:
-        print(f"docs: error: {e}", file=sys.stderr)
-        return 2
+    if checked.code is not None:
+        return checked.code
     try:
         build_docs(a.root, a.out, a.only, a.report)
     except DocsError as e:
