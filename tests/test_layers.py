@@ -46,6 +46,31 @@ def test_the_package_keeps_its_contracts():
     assert "2 kept, 0 broken" in out
 
 
+def test_every_import_of_the_package_names_a_module_that_exists():
+    "Each `from .x import` / `from sao_repro.x import`, also those inside functions (run only when called), resolves."
+    import ast
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    missing = []
+    for p in sorted((root / "sao_repro").rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
+        pkg = list(parts[:-1]) if p.name != "__init__.py" else list(parts[:-1])
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if not isinstance(n, ast.ImportFrom):
+                continue
+            if n.level:
+                base = pkg[: len(pkg) - (n.level - 1)]
+                target = ".".join(base + ([n.module] if n.module else []))
+            elif (n.module or "").split(".")[0] == "sao_repro":
+                target = n.module
+            else:
+                continue
+            if importlib.util.find_spec(target) is None:
+                missing.append(f"{p.relative_to(root)}:{n.lineno} imports {target}")
+    assert not missing, missing
+
+
 def test_an_upward_import_in_a_function_breaks_the_layers(pkg_copy):
     rc, out = lint(pkg_copy)
     assert rc == 0, out  # the copy itself is clean

@@ -50,7 +50,7 @@ class VLLMServer:
 
     def start(self, run: RehearsalRun) -> "VLLMServer":
         "Start the server for `run`'s composed config (not waiting: the trainer imports meanwhile)."
-        from .vllm_server import MODULE, launch, server_env, server_python
+        from sao_repro.areal.vllm_server import MODULE, launch, server_env, server_python
 
         self.log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
