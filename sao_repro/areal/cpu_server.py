@@ -25,7 +25,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
-from ..stopping import serve_until_interrupted
+from ..signals import serve_until_interrupted
 from ..checks import port_arg
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from ..runconfig import repo_dir
+from ..files import repo_dir
 from ..runlog import note_exit, read_events
 
 # the launch's first step; importable from here as before
