@@ -276,7 +276,7 @@ def _free_port() -> int:
 
 
 def start_lab(
-    root=None,  # the server's root (default: the repository, `runconfig.repo_dir`)
+    root=None,  # the server's root (default: the repository, `files.repo_dir`)
     port: int = 0,  # port on 127.0.0.1; 0 picks a free one
     token: str | None = None,  # access token (default: a fresh random one)
     open_path: str = LAB_FIRST,  # notebook to open, relative to `root`
@@ -286,7 +286,7 @@ def start_lab(
     log_file=None,  # the server's output (default: a temporary file)
 ) -> Lab:
     "Start JupyterLab and wait until it answers; a `Lab` (stop it with `.stop()` or `with`)."
-    from sao_repro.runconfig import repo_dir
+    from sao_repro.files import repo_dir
 
     root = Path(root or repo_dir()).resolve()
     if not (root / open_path).is_file():

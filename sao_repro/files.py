@@ -1,4 +1,4 @@
-"""Writes that a kill cannot tear: a file written in one step, a folder replaced in one step, the last complete set of folders kept while the next one is written.
+"""Writes that a kill cannot tear: a file written in one step, a folder replaced in one step, the last complete set of folders kept while the next one is written; and the checkout that holds `configs/` and `scripts/`.
 
 Docs: https://sao-repro.github.io/sao-repro/files.html.md"""
 
@@ -6,6 +6,7 @@ Docs: https://sao-repro.github.io/sao-repro/files.html.md"""
 
 # %% ../nbs/07_files.ipynb #e7dd7dfa
 from __future__ import annotations
+import importlib.util
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['TASK_PATHS_ENV', 'write_atomic', 'file_sha256', 'current_umask', 'apply_umask', 'task_paths', 'task_path',
            'user_path', 'replace_dir', 'stash_dirs', 'restore_dirs', 'commit_dirs', 'OutputPathError',
-           'check_output_dir', 'output_dir', 'drop_links']
+           'check_output_dir', 'output_dir', 'drop_links', 'repo_dir']
 
 # %% ../nbs/07_files.ipynb #fea345e1
 def write_atomic(
@@ -219,3 +220,9 @@ def drop_links(
                 p.unlink()
                 gone.append(p)
     return gone
+
+# %% ../nbs/07_files.ipynb #e28927f7
+def repo_dir() -> Path:
+    "The checkout holding configs/ and scripts/ (the package's parent in a clone, else the working directory)."
+    here = Path(importlib.util.find_spec("sao_repro").origin).resolve().parent.parent
+    return here if (here / "configs").is_dir() else Path.cwd()

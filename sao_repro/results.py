@@ -13,8 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .files import file_sha256, write_atomic
-from .runconfig import repo_dir
+from .files import file_sha256, repo_dir, write_atomic
 
 # %% auto #0
 __all__ = ['RESULTS_DIRS', 'REQUIRED', 'UNRECORDED', 'source_files', 'fingerprint', 'git_state', 'commit_time', 'record', 'load',

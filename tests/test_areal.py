@@ -34,7 +34,7 @@ from sao_repro.areal.config import (
     setting_mismatches,
     config_yaml,
 )
-from sao_repro.areal.trainer import SAOPPOActor, SAOPPOCritic
+from sao_repro.areal.ppo_trainer import SAOPPOActor, SAOPPOCritic
 from sao_repro.advantages import RunningMeanBaseline
 from sao_repro.loss import policy_loss
 from sao_repro.settings import get_setting, list_settings
@@ -493,7 +493,7 @@ def test_critic_runs_k_passes():
 
 
 def test_trainer_builds_sao_engines_for_actor_and_critic_only(monkeypatch):
-    import sao_repro.areal.trainer as T
+    import sao_repro.areal.ppo_trainer as T
 
     cfg = load("phase2_hard_sao.yaml")
     built = []
@@ -1026,7 +1026,7 @@ def test_actor_logs_mismatch_and_lag_every_step():
 
 def test_areal_trainer_writes_a_nan_event_and_an_inf_critic_grad_norm_is_over_the_clip(tmp_path):
     "A step whose critic grad norm is inf: a `nan` event naming the key, and three in a row set critic_starved."
-    from sao_repro.areal.trainer import append_metrics
+    from sao_repro.areal.ppo_trainer import append_metrics
     from sao_repro.metrics import scan_runs
     from sao_repro.runlog import read_events
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sao_repro.report.layout import layer_contract, layout_markdown, module_map, package_modules
+from sao_repro.report.layers import layer_contract, layout_markdown, module_map, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
@@ -135,3 +135,51 @@ def test_the_layout_page_shows_the_current_map():
         "nbs/layout.ipynb is stale: run `cd nbs && jupyter nbconvert --to notebook "
         "--execute --inplace layout.ipynb && nbdev-clean`"
     )
+
+
+OLD_PATHS = {  # old module -> its new home(s); the old path re-exports every name it had
+    "runconfig": ["rewardconfig", "files"],
+    "stopping": ["signals"],
+    "reward.policy": ["reward.retry"],
+    "mini.cluster": ["mini.raytasks", "mini.rayconnect"],
+    "report.layout": ["report.layers"],
+    "areal.trainer": ["areal.ppo_trainer", "areal.engine"],
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_every_old_module_path_still_imports_the_same_objects(old):
+    import importlib
+
+    if old.startswith("areal."):
+        pytest.importorskip("areal")
+    mod = importlib.import_module(f"sao_repro.{old}")
+    new = [importlib.import_module(f"sao_repro.{m}") for m in OLD_PATHS[old]]
+    names = [n for n in vars(mod) if not n.startswith("_")]
+    assert set(mod.__all__) <= set(names) and len(names) >= len(mod.__all__) > 0
+    for n in names:
+        home = next((m for m in new if n in vars(m)), None)
+        assert home is not None, f"sao_repro.{old}.{n} is in none of {OLD_PATHS[old]}"
+        assert getattr(mod, n) is getattr(home, n), f"sao_repro.{old}.{n} is not {home.__name__}.{n}"
+
+
+def test_the_package_imports_nothing_from_an_old_path():
+    "The old paths are for code outside the package: inside it, every import names the new module."
+    import ast
+
+    old = {f"sao_repro.{m}" for m in OLD_PATHS}
+    for f in sorted((ROOT / "sao_repro").rglob("*.py")):
+        mod = "sao_repro." + ".".join(f.relative_to(ROOT / "sao_repro").with_suffix("").parts)
+        if mod in old or f.name == "_modidx.py":
+            continue
+        pkg = mod.rsplit(".", 1)[0] if f.name != "__init__.py" else mod.removesuffix(".__init__")
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                targets = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            assert not old & set(targets), f"{mod} imports {old & set(targets)}"

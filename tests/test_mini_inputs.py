@@ -21,7 +21,7 @@ from sao_repro.mini.cli import (
     run_params,
     run_setting,
 )
-from sao_repro.mini.cluster import run_task, start_blobs, unpack_into
+from sao_repro.mini.raytasks import run_task, start_blobs, unpack_into
 from sao_repro.mini.critic_init import critic_model
 from sao_repro.mini.inputs import pack_inputs
 from sao_repro.mini.model import PolicyModel

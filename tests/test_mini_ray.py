@@ -1,4 +1,4 @@
-"""Testbed runs as Ray tasks (sao_repro.mini.cluster): run folders and the warm start travel packed, results equal
+"""Testbed runs as Ray tasks (sao_repro.mini.raytasks): run folders and the warm start travel packed, results equal
 local runs bit for bit, and a sweep over a two-node cluster on this machine survives losing a node. `--ray local`
 listens on loopback only and leaves nothing behind however its driver ends; `--ray ADDRESS` must answer as Ray."""
 
@@ -13,7 +13,7 @@ import yaml
 
 from sao_repro.mini.cli import find_run_notebook, make_config, run_params, run_setting
 from sao_repro.mini.cli import compare_main
-from sao_repro.mini.cluster import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
+from sao_repro.mini.raytasks import ATTEMPTS_FILE, pack_dir, run_task, start_blobs, unpack_into
 from sao_repro.mini.rayconnect import free_ports
 from sao_repro.mini.runfolder import run_state
 from sao_repro.mini.sweep import sweep_main

@@ -98,7 +98,7 @@ def test_readme_is_short_and_everything_it_names_exists():
             env={**os.environ, "VENV": str(ROOT / ".no-such-venv")},
         )
         assert r.returncode == 0, (t, r.stderr)
-    from sao_repro.report.layout import layer_table
+    from sao_repro.report.layers import layer_table
 
     assert layer_table(ROOT) in readme  # the layer table, generated from the tree, its links from the repository root
 

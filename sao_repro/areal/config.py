@@ -23,7 +23,7 @@ from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, pars
 from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from ..dis import dis_preset
 from ..configfile import check_interpolations, load_yaml_bounded
-from ..runconfig import RewardConfig
+from ..rewardconfig import RewardConfig
 from .algo import areal_actor_keys
 from .guards import OFF_ENV, optimizer_dtype_problems
 

@@ -25,7 +25,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from fastcore.basics import patch
-from ..stopping import ExitOn, exit_with_parent, serve_until_interrupted
+from ..signals import ExitOn, exit_with_parent, serve_until_interrupted
 from ..checks import port_arg
 
 # %% ../../nbs/43_areal.cpu_server.ipynb #5ec26925

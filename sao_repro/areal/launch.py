@@ -17,9 +17,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from ..runconfig import repo_dir
+from ..files import repo_dir
 from ..runlog import note_exit, read_events
-from ..stopping import ExitOn
+from ..signals import ExitOn
 
 # the launch's first step; importable from here as before
 from sao_repro.areal.preflight import (

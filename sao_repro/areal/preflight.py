@@ -14,7 +14,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..runconfig import repo_dir
+from ..files import repo_dir
 
 # %% auto #0
 __all__ = ['GPU_QUERY', 'APPS_QUERY', 'EXIT_OK', 'EXIT_GPUS', 'EXIT_NO_SMI', 'PREFLIGHT_SCRIPT', 'GPU_LINE', 'preflight_cmd',

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 from ..files import restore_dirs
-from ..runconfig import set_reward_env
+from ..rewardconfig import set_reward_env
 from ..runlog import log_event, log_failure
 
 # %% ../../nbs/39_areal.train.ipynb #bbe084d9
@@ -48,9 +48,9 @@ def math_rows_to_messages(row: dict) -> dict:
     return {"messages": [{"role": "user", "content": row["question"] + PROMPT_SUFFIX}]}
 
 # %% ../../nbs/39_areal.train.ipynb #6e7ab636
-# started by `sao-repro rehearse`: no trainer outlives it (sao_repro.stopping)
-from ..stopping import PARENT_ENV as PARENT_ENV
-from ..stopping import exit_with_parent as exit_with_parent
+# started by `sao-repro rehearse`: no trainer outlives it (sao_repro.signals)
+from ..signals import PARENT_ENV as PARENT_ENV
+from ..signals import exit_with_parent as exit_with_parent
 
 # %% ../../nbs/39_areal.train.ipynb #ef8f23d4
 def load_math_dataset(path: str, tokenizer=None, max_length: int | None = None):
@@ -116,7 +116,7 @@ def _start_run(cfg, run_dir: str):
 
 def _restore_recover(cfg, run_dir: str):
     "Rank 0, before AReaL looks for its recover info: a recover checkpoint cut short gives way to the one before it."
-    from sao_repro.areal.trainer import recover_dirs, recover_on
+    from sao_repro.areal.ppo_trainer import recover_dirs, recover_on
 
     if recover_on(cfg.recover) and restore_dirs(recover_dirs(cfg.recover, getattr(cfg, "critic", None) is not None)):
         log_event(
@@ -129,7 +129,7 @@ def _restore_recover(cfg, run_dir: str):
 def train(cfg) -> int:
     "Run AReaL 1.0.4 training for a loaded `SAOConfig` (GPUs and vLLM / SGLang, or the CPU rehearsal)."
     from areal.utils.hf_utils import load_hf_tokenizer
-    from sao_repro.areal.trainer import SAOPPOTrainer
+    from sao_repro.areal.ppo_trainer import SAOPPOTrainer
 
     run_dir = cfg.sao.run_dir
     if os.getenv("RANK", "0") == "0":

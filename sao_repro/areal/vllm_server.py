@@ -55,8 +55,8 @@ def alias_moved_modules(moved: dict | None = None, root: str = "vllm") -> list[s
 ALIASED = alias_moved_modules()
 
 # %% ../../nbs/45_areal.vllm_server.ipynb #1597f607
-from ..stopping import PARENT_ENV as PARENT_ENV, set_pdeathsig
-from ..stopping import exit_with_parent as watch_parent  # the server's name for it (main: every 0.5 s)
+from ..signals import PARENT_ENV as PARENT_ENV, set_pdeathsig
+from ..signals import exit_with_parent as watch_parent  # the server's name for it (main: every 0.5 s)
 
 
 def _die_with_parent():

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..runconfig import repo_dir
+from ..files import repo_dir
 from ..settings import list_settings
 
 # %% auto #0
@@ -328,7 +328,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
 # %% ../../nbs/34_mini.bench.ipynb #456d1e48
 def _bench_sweep_rows(cfg: Path, td: Path, n: int, cpus: int) -> list[dict]:
     from sao_repro.mini.cli import make_config
-    from sao_repro.mini.cluster import start_blobs
+    from sao_repro.mini.raytasks import start_blobs
     from sao_repro.mini.rayconnect import ray_connect, ray_disconnect
     from sao_repro.mini.sweep import load_sweep
 

@@ -31,7 +31,7 @@ from sao_repro.mini.train import (
     read_metrics,
     train_run,
 )
-from ..stopping import ExitOn, RunInterrupted
+from ..signals import ExitOn, RunInterrupted
 from ..runlog import RunFolderBusy, lock_run_dir
 from ..nbrun import run_notebook
 from .runfolder import checkpoints, run_state
@@ -58,7 +58,7 @@ STUDY_SOURCES = [
     "sao_repro/settings.py",
     "sao_repro/stats.py",
     "sao_repro/math_answer.py",
-    "sao_repro/runconfig.py",
+    "sao_repro/rewardconfig.py",
     "experiments/run_setting.ipynb",
 ]
 
@@ -536,8 +536,8 @@ def _compare_local(a, ovs, nb, todo, bar) -> list[tuple]:
 
 
 def _compare_on_ray(a, ovs, nb, todo, bar) -> list[tuple]:
-    "The runs `todo` as Ray tasks (`sao_repro.mini.cluster`; `ovs`: setting -> its run options); returns the failed (setting, seed, error)."
-    from sao_repro.mini.cluster import run_on_ray
+    "The runs `todo` as Ray tasks (`sao_repro.mini.raytasks`; `ovs`: setting -> its run options); returns the failed (setting, seed, error)."
+    from sao_repro.mini.raytasks import run_on_ray
 
     if a.backend != "mini":
         raise ValueError("--ray runs the CPU testbed (backend mini)")

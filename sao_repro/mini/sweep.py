@@ -26,7 +26,7 @@ from ..configfile import load_yaml_bounded
 from ..stats import paired_effect as paired_effect
 from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
-from ..stopping import ExitOn
+from ..signals import ExitOn
 from .rayconnect import ray_ready
 from sao_repro.mini.cli import (
     batch_exits,
@@ -240,8 +240,8 @@ def _run_jobs(nb: Path, sc: SweepConfig, todo: list[dict], n_jobs: int, bar) -> 
 
 # %% ../../nbs/33_mini.sweep.ipynb #912c5543
 def _run_jobs_on_ray(nb: Path, sc: SweepConfig, todo: list[dict], address: str, bar) -> list[tuple[dict, str]]:
-    "The sweep's runs `todo` as Ray tasks (`sao_repro.mini.cluster.run_on_ray`); returns the failed (job, error)."
-    from sao_repro.mini.cluster import run_on_ray
+    "The sweep's runs `todo` as Ray tasks (`sao_repro.mini.raytasks.run_on_ray`); returns the failed (job, error)."
+    from sao_repro.mini.raytasks import run_on_ray
     from sao_repro.mini.cli import run_params
 
     jobs = [

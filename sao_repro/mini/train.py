@@ -31,7 +31,7 @@ from sao_repro.runlog import (
     lock_run_dir,
     log_failure,
 )  # RunFolderBusy: re-exported
-from ..stopping import GracefulStop, RunInterrupted
+from ..signals import GracefulStop, RunInterrupted
 from ..loss import policy_loss
 from ..settings import Setting
 from .model import CriticModel as CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start

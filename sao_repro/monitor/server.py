@@ -16,7 +16,7 @@ from pathlib import Path
 from .data import MonitorState
 from .access import KEY_ENV, is_loopback
 from .handler import IDLE_TIMEOUT_S, MonitorHandler
-from ..stopping import ExitOn, serve_until_interrupted
+from ..signals import ExitOn, serve_until_interrupted
 from ..checks import port_arg
 
 # %% auto #0

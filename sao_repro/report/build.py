@@ -21,7 +21,7 @@ from ..files import OutputPathError, check_output_dir, drop_links, file_sha256, 
 from ..metrics import find_runs
 from ..runlog import utf8_name
 from ..nbrun import run_notebook
-from ..stopping import ExitOn
+from ..signals import ExitOn
 from .tables import load_runs, numbers_table, run_summary, runs_table
 from .text import display_path, report_base, report_title
 from sao_repro.report.render import (

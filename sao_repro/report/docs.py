@@ -19,9 +19,9 @@ import warnings
 from pathlib import Path
 import yaml
 from ..files import OutputPathError, check_output_dir, drop_links, output_dir
-from ..stopping import ExitOn
+from ..signals import ExitOn
 from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
-from .layout import doc_sections
+from .layers import doc_sections
 from .pages import page_title, shell_cells, tidy_doc_nb
 
 # %% auto #0

@@ -10,7 +10,7 @@ __all__ = ['RewardConfig', 'reward_config_from_env', 'set_reward_env', 'MAX_ANSW
            'get_reward_pool', 'math_reward_fn', 'verify', 'verify_stats', 'bench_items', 'bench_reward']
 
 # %% ../../nbs/54_reward.ipynb #7347da67
-from ..runconfig import RewardConfig, reward_config_from_env, set_reward_env
+from ..rewardconfig import RewardConfig, reward_config_from_env, set_reward_env
 from .check import MAX_ANSWER_CHARS, WARMUP_CASES, clean_text, parse_answer, score, warm_up
 from .local import LocalRewardPool
 from .ray import RayRewardPool

@@ -22,10 +22,10 @@ from fastcore.basics import patch
 from . import check
 from .check import WARMUP_CASES
 from .check import warm_up
-from .policy import QueuedPool
-from .policy import RetryPolicy
-from .policy import RewardItem
-from .policy import RewardResult
+from .retry import QueuedPool
+from .retry import RetryPolicy
+from .retry import RewardItem
+from .retry import RewardResult
 
 # %% ../../nbs/52_reward.local.ipynb #ebe06b23
 def score_item(

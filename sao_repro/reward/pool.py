@@ -19,7 +19,7 @@ from .local import LocalRewardPool
 from .ray import RayRewardPool
 
 # %% ../../nbs/54a_reward.pool.ipynb #dd9316b2
-from ..runconfig import RewardConfig, reward_config_from_env  # the `reward:` section
+from ..rewardconfig import RewardConfig, reward_config_from_env  # the `reward:` section
 
 # %% ../../nbs/54a_reward.pool.ipynb #dd0736c1
 class RewardPool:

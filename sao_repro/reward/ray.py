@@ -19,9 +19,9 @@ import warnings
 from fastcore.basics import patch
 
 from .local import LocalRewardPool
-from .policy import QueuedPool
-from .policy import RetryPolicy
-from .policy import RewardResult
+from .retry import QueuedPool
+from .retry import RetryPolicy
+from .retry import RewardResult
 
 # %% ../../nbs/53_reward.ray.ipynb #51b08396
 NAMESPACE = "sao_repro"

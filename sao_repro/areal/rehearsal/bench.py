@@ -50,7 +50,7 @@ def bench_rehearsal(
     import tempfile
 
     t0 = time.time()
-    subprocess.run([sys.executable, "-c", "import sao_repro.areal.trainer, sao_repro.areal.train"], check=True)
+    subprocess.run([sys.executable, "-c", "import sao_repro.areal.ppo_trainer, sao_repro.areal.train"], check=True)
     import_s = time.time() - t0
     assets = tiny_assets()
     rows, total = [], time.time()

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from ...settings import get_setting
-from ...runconfig import repo_dir
+from ...files import repo_dir
 from ...runlog import LOCK_FILE
 from ..launch import areal_cpu_requirements, missing_requirements, setting_config
 

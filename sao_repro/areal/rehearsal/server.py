@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from ...runconfig import repo_dir
+from ...files import repo_dir
 from ..launch import setting_config
 from ..train import PARENT_ENV
 from .plan import OVERLAY, RehearsalError, RehearsalRun, _free_port

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sao_repro.stopping import PARENT_ENV, ExitOn, exit_with_parent
+from sao_repro.signals import PARENT_ENV, ExitOn, exit_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 
