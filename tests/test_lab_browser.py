@@ -5,6 +5,7 @@ rendered outputs; then a library notebook from nbs/ opens and renders. The serve
 
 import json
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,13 @@ def _wait_kernel_connected(lab, timeout=180):
     "Until the page's kernel is up and connected (a Run All sent before that is lost)."
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if any(k["connections"] >= 1 and k["execution_state"] == "idle" for k in lab.api("/api/kernels")):
+        try:
+            kernels = lab.api("/api/kernels")
+        except urllib.error.HTTPError as e:  # jupyter_server answers 500 while a kernel is half-started: ask again
+            if e.code < 500:
+                raise
+            kernels = []
+        if any(k["connections"] >= 1 and k["execution_state"] == "idle" for k in kernels):
             return
         time.sleep(1)
     raise AssertionError(f"no kernel connected after {timeout} s: {lab.api('/api/kernels')}")

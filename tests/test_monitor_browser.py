@@ -63,29 +63,32 @@ def wait_for(page, pred, timeout, what):
 def test_monitor_page_updates_live(tmp_path):
     logs = tmp_path / "runs"
     logs.mkdir()
-    writer = subprocess.Popen(
-        [
-            sys.executable,
-            str(HERE / "fake_testbed.py"),
-            "--out",
-            str(logs),
-            "--runs",
-            "sao:0,grpo:0",
-            "--steps",
-            "45",
-            "--interval",
-            "0.2",
-            "--nan-run",
-            "grpo:0",
-            "--nan-at",
-            "30",
-        ]
-    )
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
     browser = contextlib.ExitStack()
     chrome = browser.enter_context(open_page())
+    writer = None
     try:
         chrome.goto(srv.url)
+        # the runs start once the page is up (Chromium's start under load must not eat the runs' first seconds);
+        # the page finds them by itself
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "fake_testbed.py"),
+                "--out",
+                str(logs),
+                "--runs",
+                "sao:0,grpo:0",
+                "--steps",
+                "45",
+                "--interval",
+                "0.3",
+                "--nan-run",
+                "grpo:0",
+                "--nan-at",
+                "30",
+            ]
+        )
         sao, grpo = "mini/sao/seed0", "mini/grpo/seed0"
         first = wait_for(
             chrome,
@@ -139,7 +142,7 @@ def test_monitor_page_updates_live(tmp_path):
         browser.close()
         srv.shutdown()
         srv.server_close()
-        if writer.poll() is None:
+        if writer is not None and writer.poll() is None:
             writer.kill()
             writer.wait()
 
