@@ -1,5 +1,5 @@
 """README.md is generated from nbs/index.ipynb: it is what the notebook gives, the notebook's outputs are what its
-commands print, nbdev's own commands cannot rewrite it, and every link and `make` target it names exists."""
+commands print, nbdev's own commands write the same text, and every link and `make` target it names exists."""
 
 import json
 import os
@@ -56,27 +56,53 @@ def test_index_outputs_are_what_its_commands_print(tmp_path):
     assert table in D.readme_markdown(ROOT).replace("\n    ", "\n")
 
 
-def test_nbdev_commands_leave_the_readme_alone(monkeypatch):
-    "nbdev-readme (run by nbdev-prepare and nbdev-docs) finds no readme notebook and returns before rendering."
+def _quarto_as_pandoc(cmd):
+    """Run nbdev-readme's `quarto render NB -o README.md -t gfm ...` as Quarto does, without its binary: the notebook as
+    markdown (Quarto's own reader; here nbconvert's), then pandoc (which Quarto bundles) to gfm with the filters the
+    notebooks' `_metadata.yml` adds (the project's extensions), wrap preserved."""
+    import yaml
+    from nbconvert import MarkdownExporter
+
+    cache, nb = re.match(r'cd "([^"]+)" && quarto render "([^"]+)" -o README\.md -t gfm ', cmd).groups()
+    cache = Path(cache)
+    lua = []
+    for name in yaml.safe_load((cache / "_metadata.yml").read_text())["filters"]:
+        ext = cache / "_extensions" / name
+        lua += [ext / f for f in yaml.safe_load((ext / "_extension.yml").read_text())["contributes"]["filters"]]
+    (cache / "index.quarto.md").write_text(MarkdownExporter().from_filename(nb)[0])
+    args = [D.find_pandoc(), "-f", "markdown", "index.quarto.md", "-t", "gfm", "--wrap=preserve", "-o", "README.md"]
+    subprocess.run(args + [a for f in lua for a in ("--lua-filter", str(f))], cwd=cache, check=True)
+
+
+def test_nbdev_commands_leave_the_readme_alone(monkeypatch, tmp_path):
+    """nbdev's settings name the real front page, and nbdev-readme (run by nbdev-prepare), through nbdev's own
+    processing and cache, writes README.md as the same bytes `sao-repro docs --readme` gives."""
     import nbdev.quarto as Q
     from nbdev.config import get_config
 
     cfg = get_config(ROOT)
-    assert not (cfg.nbs_path / cfg.readme_nb).exists() and not (ROOT / cfg.readme_nb).exists()
-
-    def fail(*a, **k):
-        raise AssertionError("nbdev-readme tried to render README.md")
-
-    monkeypatch.setattr(Q, "proc_nbs", fail)
-    monkeypatch.setattr(Q, "_sprun", fail)
-    before = (ROOT / "README.md").read_bytes()
-    cwd = os.getcwd()
-    try:
-        Q.nbdev_readme.__wrapped__(path=str(ROOT))
-        Q.nbdev_readme.__wrapped__(path=str(ROOT), chk_time=True)
-    finally:
-        os.chdir(cwd)
-    assert (ROOT / "README.md").read_bytes() == before
+    assert (cfg.nbs_path / cfg.readme_nb) == ROOT / D.README_NB
+    assert D.find_pandoc(), "needs pandoc (pip install pypandoc-binary, in the dev extra)"
+    proj = tmp_path / "proj"
+    (proj / "nbs").mkdir(parents=True)
+    for f in ("pyproject.toml", D.README_NB, "nbs/_metadata.yml"):
+        shutil.copy(ROOT / f, proj / f)
+    shutil.copytree(ROOT / "nbs/_extensions", proj / "nbs/_extensions")
+    (proj / "README.md").write_text("an old README\n")
+    monkeypatch.setattr(Q, "_sprun", _quarto_as_pandoc)
+    monkeypatch.chdir(proj)
+    Q.refresh_quarto_yml()  # what nbdev-prepare does first: nbs/nbdev.yml and nbs/_quarto.yml
+    Q.nbdev_readme.__wrapped__(path=str(proj))
+    assert (proj / "README.md").read_text() == D.readme_markdown(proj) == (ROOT / "README.md").read_text()
+    # the filter is what makes it so: the same render without it is pandoc's own markdown; HTML is left alone
+    cache, pandoc = proj / "_proc", D.find_pandoc()
+    plain = subprocess.run([pandoc, "index.quarto.md", "-t", "gfm"], cwd=cache, capture_output=True, check=True)
+    assert plain.stdout.decode() != D.readme_markdown(proj)
+    lua = str(proj / "nbs/_extensions/sao-readme/readme.lua")
+    html = subprocess.run(
+        [pandoc, "index.quarto.md", "-t", "html", "--lua-filter", lua], cwd=cache, capture_output=True, text=True
+    )
+    assert html.returncode == 0 and "Two commands" in html.stdout and "sao-repro docs --readme" not in html.stdout
 
 
 def test_readme_is_short_and_everything_it_names_exists():

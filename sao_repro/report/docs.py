@@ -25,11 +25,11 @@ from .layers import doc_sections
 from .pages import page_title, shell_cells, tidy_doc_nb
 
 # %% auto #0
-__all__ = ['RESULT_CALL', 'CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'doc_notebooks',
-           'nbdev_site', 'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml', 'DocsError',
-           'nbdev_notes', 'process_docs', 'fill_results', 'find_pandoc', 'latex_to_mathml', 'mathml_markdown',
-           'mathml_nb', 'fill_maths', 'build_docs', 'readme_markdown', 'run_index', 'write_readme', 'readme_problems',
-           'docs_main']
+__all__ = ['RESULT_CALL', 'CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'README_SIDE',
+           'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml',
+           'DocsError', 'nbdev_notes', 'process_docs', 'fill_results', 'find_pandoc', 'latex_to_mathml',
+           'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs', 'readme_markdown', 'run_index', 'write_readme',
+           'readme_problems', 'ReadmeText', 'docs_main']
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
 def doc_notebooks(root=".") -> list[Path]:
@@ -483,6 +483,30 @@ def readme_problems(root=".") -> list[str]:
         return []
     diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), "README.md", README_NB, lineterm="", n=0))
     return [f"README.md differs from what {README_NB} gives: run `sao-repro docs --readme`"] + diff[2:12]
+
+# %% ../../nbs/75_report.docs.ipynb #a1d0c007
+README_SIDE = ".sao_readme.md"  # README.md's text, in nbdev's cache, for the readme render's pandoc filter
+
+
+class ReadmeText:
+    "An nbdev doc processor: on the readme notebook, write `README.md`'s text into nbdev's cache for the gfm filter."
+
+    def __init__(self, nb):
+        self.nb = nb
+
+    def begin(self):
+        from nbdev.config import get_config
+
+        src = Path(self.nb.get("path_", ""))
+        cfg = get_config(src.parent)  # the project the notebook belongs to, wherever the command runs
+        if not cfg.get("readme_nb") or src.name != Path(cfg.readme_nb).name:
+            return
+        side = cfg.config_path / "_proc" / README_SIDE
+        side.parent.mkdir(parents=True, exist_ok=True)
+        side.write_text(readme_markdown(cfg.config_path), encoding="utf-8")
+
+    def __call__(self, cell):
+        return None
 
 # %% ../../nbs/75_report.docs.ipynb #3dedc630
 def docs_main(argv: list[str] | None = None) -> int:
