@@ -381,6 +381,69 @@ def test_actor_logs_dis_under_root_names_inside_areal_scope():
     assert called and out["dis/masked_below_frac"] == pytest.approx(0.5)
 
 
+def test_actor_keeps_samples_that_match_its_dis_stats(tmp_path):
+    "The actor keeps rows of its batch in samples.jsonl.gz with the DIS mask its `dis/` metrics count (and in warmup)."
+    from areal.utils import stats_tracker
+
+    from sao_repro.samples import masked_tokens, read_samples
+
+    data = obs_tail_batch()
+    data["versions"] = torch.where(
+        data["loss_mask"].bool(), torch.tensor([[4], [3], [4]]), torch.full((3, 9), -1, dtype=torch.long)
+    )
+    data["prox_logp"] = torch.roll(data["logprobs"], -1, -1).clone()
+    data["prox_logp"][0, 2] += math.log(9.0)  # ratio 9: above the band
+    data["prox_logp"][2, 4] -= math.log(9.0)  # ratio 1/9: below it
+    sao = SAOSection(setting="single_dis", run_dir=str(tmp_path), samples_per_step=3, samples_every=1)
+    cfg = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        use_decoupled_loss=True,
+        recompute_logprob=True,
+        rejection_sampling=RS,
+        sao=sao,
+    )
+    tok = SimpleNamespace(decode=lambda ids: "".join(f"<{i}>" for i in ids))
+    actor = SAOPPOActor(cfg, SimpleNamespace(get_version=lambda: 4, tokenizer=tok))
+    stats_tracker.export()  # reset
+    d = actor._compute_advantages(copy.deepcopy(data))
+    orig = PPOActor._ppo_update
+    PPOActor._ppo_update = lambda self, data: None
+    try:
+        actor._ppo_update(d)
+    finally:
+        PPOActor._ppo_update = orig
+    out = stats_tracker.export()
+    recs = read_samples(tmp_path)
+    assert [(r["step"], r["row"], r["trainer_version"]) for r in recs] == [(5, 0, 4), (5, 1, 4), (5, 2, 4)]
+    assert [r["reward"] for r in recs] == [1.0, -0.5, 2.0] and recs[1]["verdict"] == "wrong"
+    assert recs[0]["tokens"]["id"] == data["input_ids"][0, 2:7].tolist()  # 3 actions, then the tool's 2 tokens
+    assert recs[0]["tokens"]["loss_mask"] == [True, True, True, False, False]
+    assert recs[0]["response"] == "".join(f"<{i}>" for i in recs[0]["tokens"]["id"])
+    assert recs[2]["tokens"]["version"][:2] == [4, 4] and recs[1]["tokens"]["version"][0] == 3
+    gen = sum(sum(r["tokens"]["loss_mask"]) for r in recs)
+    masked = sum(sum(masked_tokens(r)) for r in recs)
+    assert masked == 2 and masked / gen == pytest.approx(1 - out["dis/kept_frac"])
+    assert recs[0]["tokens"]["logp"][1] == pytest.approx(float(data["prox_logp"][0, 2]), abs=1e-6)
+    assert recs[0]["tokens"]["behav_logp"][1] == pytest.approx(float(data["logprobs"][0, 3]), abs=1e-6)
+    # the critic-only warmup keeps its rows too, without a DIS mask
+    warm = SAOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        backend="fsdp:d1",
+        kl_ctl=0.0,
+        sao=SAOSection(setting="sao", run_dir=str(tmp_path / "w"), warmup_steps=10, samples_every=1),
+    )
+    actor = SAOPPOActor(warm, SimpleNamespace(get_version=lambda: 0))
+    d = actor._compute_advantages({k: v for k, v in copy.deepcopy(data).items() if k != "prox_logp"})
+    actor.ppo_update([d])
+    recs = read_samples(tmp_path / "w")
+    assert [(r["step"], r["row"]) for r in recs] == [(1, 0), (1, 1)]
+    assert all(r["tokens"]["dis_kept"] is None and r["tokens"]["logp"] is None for r in recs)
+
+
 # ---------------------------------------------------------------- running-mean baseline
 
 

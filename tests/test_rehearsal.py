@@ -347,6 +347,16 @@ def test_stand_in_noise_gives_dis_tokens_to_mask(tmp_path):
     for r in rs:
         theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]
         assert r["dis/masked_frac"] == pytest.approx(theirs, abs=1e-6)
+    # the run keeps its rollouts (the overlay: every row of every step): their DIS mask is the metric's
+    from sao_repro.samples import masked_tokens, read_samples
+
+    recs = read_samples(run_dir(tmp_path, "grpo_dis"))
+    assert sorted({x["step"] for x in recs}) == [r["step"] for r in rs]
+    for r in rs:
+        kept = [x for x in recs if x["step"] == r["step"]]
+        assert len(kept) == 16 and all(x["response"] is not None for x in kept)
+        gen = sum(sum(x["tokens"]["loss_mask"]) for x in kept)
+        assert sum(sum(masked_tokens(x)) for x in kept) / gen == pytest.approx(r["dis/masked_frac"], abs=1e-6)
 
 
 def server_group(out):

@@ -301,6 +301,7 @@ def test_explore_notebook_loads_a_run(runs, tmp_path):
     assert len(pngs) == 2
     text = json.dumps(nb)
     assert "setting sao, seed 0, 60 steps" in text and "dis/ratio_p50" in text
+    assert "kept rollouts from 7 steps (1..60)" in text and 'class=\\"sao-sample\\"' in text  # the samples section
 
 
 def test_sweep_findings_section(runs, tmp_path):
@@ -594,6 +595,21 @@ def test_design_table_band_column_reads_config_json(tmp_path):
     d = R.design_table(runs_df=runs_df).set_index("setting")
     assert d.loc["single_dis", "band"] == "paper-math [0.7, 6]; reference [0.3, 5]"
     assert d.loc["sao", "band"] == "reference [0.3, 5]"  # no runs: the registry's
+
+
+def test_report_shows_kept_samples_escaped(rendered, runs):
+    "The report shows the kept samples of one run per setting, their last kept step, every text escaped."
+    from sao_repro.samples import last_step_samples
+
+    html = (rendered / "math_hard_report.html").read_text()
+    assert "Kept samples" in html
+    assert html.count('<div class="sao-sample">') == 2 * len(SETTINGS)  # 2 rows of one run per setting
+    for s in SETTINGS:
+        recs = last_step_samples(runs / "mini" / s / "seed0")
+        assert [r["step"] for r in recs] == [STEPS] * 2  # default knobs: step 1 and every 10th
+        head = f"step {STEPS}, row {recs[0]['row']}: reward {recs[0]['reward']} ({recs[0]['verdict']})"
+        assert head in html
+    assert "&lt;eos&gt;" in html and "<eos>" not in html  # token texts escaped
 
 
 def test_mismatch_table_per_setting_from_the_metrics(rendered, runs):

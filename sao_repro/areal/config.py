@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
 from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from ..dis import dis_preset
+from ..samples import SAMPLE_KNOBS, check_sample_knobs, samples_help
 from ..configfile import check_interpolations, load_yaml_bounded
 from ..rewardconfig import RewardConfig
 from .algo import areal_actor_keys
@@ -80,7 +81,18 @@ class SAOSection:
     reward_fn: str = field(
         default="sao_repro.reward.math_reward_fn", metadata={"help": "dotted path of the AReaL reward function"}
     )
-    run_dir: str = field(default="", metadata={"help": "our run folder (metrics.jsonl, events.log, config.json)"})
+    run_dir: str = field(
+        default="", metadata={"help": "our run folder (metrics.jsonl, events.log, config.json, samples.jsonl.gz)"}
+    )
+    samples_per_step: int = field(
+        default=SAMPLE_KNOBS["samples_per_step"][0], metadata={"help": samples_help("samples_per_step")}
+    )
+    samples_every: int = field(
+        default=SAMPLE_KNOBS["samples_every"][0], metadata={"help": samples_help("samples_every")}
+    )
+    samples_max_mb: float = field(
+        default=SAMPLE_KNOBS["samples_max_mb"][0], metadata={"help": samples_help("samples_max_mb")}
+    )
     reward_root: str = field(default="", metadata={"help": "folder for reward-worker logs and status (REWARD_ROOT)"})
     rollout_engine: str = field(
         default="",
@@ -121,6 +133,7 @@ class SAOSection:
                     f"sao.dis_band={self.dis_band!r}: setting {self.setting!r} has no DIS band to replace; "
                     "pick a setting with DIS (e.g. sao, grpo_dis, single_dis)"
                 )
+        check_sample_knobs(self.samples_per_step, self.samples_every, self.samples_max_mb, "sao.")
         if self.running_mean_mode not in ("exact", "ema"):
             raise ValueError(f"sao.running_mean_mode={self.running_mean_mode!r}: use 'exact' or 'ema'")
 

@@ -6,9 +6,9 @@ Docs: https://sao-repro.github.io/sao-repro/areal.engine.html.md"""
 
 # %% auto #0
 __all__ = ['SAO_STATE_FILE', 'CRITIC_INIT_ARCH', 'ENGINE_BASES', 'SAOPPOActor', 'version_stats', 'logp_gap_stats',
-           'mismatch_stats', 'SAOPPOCritic', 'explained_variance', 'critic_health', 'save_sao_state', 'load_sao_state',
-           'critic_init_source', 'check_critic_shapes', 'init_critic', 'freeze_critic', 'make_engine_class',
-           'engine_class_name']
+           'mismatch_stats', 'keep_samples', 'SAOPPOCritic', 'explained_variance', 'critic_health', 'save_sao_state',
+           'load_sao_state', 'critic_init_source', 'check_critic_shapes', 'init_critic', 'freeze_critic',
+           'make_engine_class', 'engine_class_name']
 
 # %% ../../nbs/38_areal.engine.ipynb #fac8ed47
 import json
@@ -30,6 +30,7 @@ from ..files import file_sha256
 from ..gae import sequence_reward_to_tokens
 from ..mismatch import mismatch_metrics, lag_metrics
 from .algo import skip_obs_advantages, RunningMeanRewardNorm, GroupRewardNorm, log_dis_stats
+from ..samples import SampleWriter, sample_records
 from .config import SAOSection
 
 # %% ../../nbs/38_areal.engine.ipynb #eac4c3cd
@@ -225,9 +226,10 @@ def _compute_advantages(self: SAOPPOActor, data: dict) -> dict:
 # %% ../../nbs/38_areal.engine.ipynb #71c031cf
 @patch
 def _ppo_update(self: SAOPPOActor, data: dict) -> None:
-    "Log the token-weighted `dis/` fractions of the whole local batch, then AReaL's update."
+    "Log the token-weighted `dis/` fractions of the whole local batch, keep samples, then AReaL's update."
+    masks = None
     if self.band is not None and data.get("prox_logp") is not None:
-        log_dis_stats(
+        masks = log_dis_stats(
             stats_tracker.DEFAULT_TRACKER,
             data["prox_logp"],
             data["logprobs"],
@@ -235,6 +237,7 @@ def _ppo_update(self: SAOPPOActor, data: dict) -> None:
             self.band,
             ReduceType.AVG,
         )
+    keep_samples(self, data, None if masks is None else masks["dis/kept_frac"])
     PPOActor._ppo_update(self, data)
 
 
@@ -243,9 +246,55 @@ def ppo_update(self: SAOPPOActor, data: list) -> None:
     "AReaL's PPO update, skipped during the critic-only warmup steps."
     if self.in_warmup():
         stats_tracker.scalar(**{"actor/warmup": 1.0})
+        if data:  # the warmup's samples: no loss, so no DIS mask
+            keep_samples(self, data, None)
         return
     stats_tracker.scalar(**{"actor/warmup": 0.0})
     PPOActor.ppo_update(self, data)
+
+# %% ../../nbs/38_areal.engine.ipynb #7e691f4e
+def keep_samples(
+    actor: SAOPPOActor,  # the actor (its `sao` section, engine version and tokenizer)
+    data: dict | list,  # the batch after `_compute_advantages`, or its per-trajectory dicts
+    dis_kept: torch.Tensor | None,  # [B, T] the DIS keep-mask the loss and the `dis/` metrics use; None: no DIS
+) -> int:
+    "Rank 0 appends the step's kept rows to `<sao.run_dir>/samples.jsonl.gz` when the step is due; returns the bytes written."
+    sao, engine = actor.sao, getattr(actor, "engine", None)
+    if not sao.run_dir or engine is None or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        return 0
+    version = int(engine.get_version())
+    w = getattr(actor, "_sample_writer", None)
+    if w is None:  # a resumed run's later records were dropped by the trainer (`trim_samples`)
+        w = actor._sample_writer = SampleWriter(
+            sao.run_dir, sao.samples_per_step, sao.samples_every, sao.samples_max_mb
+        )
+    if not w.due(version + 1):
+        return 0
+    if isinstance(data, list):
+        from areal.utils.data import concat_batch
+
+        data = concat_batch(data)[0]
+    attn, mask = data["attention_mask"], data["loss_mask"].bool()
+    versions = data.get("versions")
+    tok = getattr(engine, "tokenizer", None)
+    recompute = bool(actor.config.use_decoupled_loss and actor.config.recompute_logprob)
+    recs = sample_records(
+        version + 1,
+        w.rows(int(attn.shape[0])),
+        data["input_ids"],
+        mask,
+        data.get("prox_logp") if recompute else None,
+        data["logprobs"],
+        data["rewards"],
+        -1 if versions is None else torch.roll(versions, shifts=-1, dims=-1),
+        dis_kept,
+        lengths=attn.sum(-1),
+        finished=attn.sum(-1) < attn.shape[1],
+        decode=None if tok is None else (lambda ids: tok.decode(ids)),
+        trainer_version=version,
+        band=actor.band if dis_kept is not None else None,
+    )
+    return w.write(version + 1, recs)
 
 # %% ../../nbs/38_areal.engine.ipynb #00b589c2
 class SAOPPOCritic(PPOCritic):

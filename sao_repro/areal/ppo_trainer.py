@@ -17,6 +17,7 @@ from areal.utils import stats_tracker
 from areal.utils.environ import is_single_controller
 from ..files import commit_dirs, stash_dirs
 from ..runlog import log_event
+from ..samples import trim_samples
 from .config import with_sao
 from . import engine as sao_engines
 
@@ -68,6 +69,7 @@ class SAOPPOTrainer(PPOTrainer):
             # steps after the checkpoint (all of them, without one) are recomputed: their old lines go
             done = 0 if info is None else int(info.last_step_info.global_step) + 1
             dropped = trim_metrics(config.sao.run_dir, done)
+            trim_samples(config.sao.run_dir, done)  # their kept samples too
             if info is not None:
                 log_event(config.sao.run_dir, "resume", step=done, dropped_lines=dropped, critic_restored=critic)
             elif dropped:

@@ -17,6 +17,7 @@ from ..checks import check_number
 from ..dis import dis_preset
 from ..files import task_path
 from ..loss import POLICY_FORMS
+from ..samples import SAMPLE_KNOBS, check_sample_knobs, samples_help
 from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from .model import ModelConfig, PretrainConfig
 from .rollout import RolloutConfig
@@ -132,6 +133,15 @@ class MiniRunConfig:
         default="float32",
         metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)"},
     )
+    samples_per_step: int = field(
+        default=SAMPLE_KNOBS["samples_per_step"][0], metadata={"help": samples_help("samples_per_step")}
+    )
+    samples_every: int = field(
+        default=SAMPLE_KNOBS["samples_every"][0], metadata={"help": samples_help("samples_every")}
+    )
+    samples_max_mb: float = field(
+        default=SAMPLE_KNOBS["samples_max_mb"][0], metadata={"help": samples_help("samples_max_mb")}
+    )
 
     def __post_init__(self):
         self._check_numbers()
@@ -167,6 +177,7 @@ class MiniRunConfig:
             why = knob_misfit(name, self.setting)
             if getattr(self, name) is not None and why:
                 raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+        check_sample_knobs(self.samples_per_step, self.samples_every, self.samples_max_mb)
         if self.critic_width is not None and int(self.critic_width) < 1:
             raise ValueError(f"critic_width={self.critic_width} must be >= 1 (or None for the policy's width)")
         if self.critic_width is not None and self.critic_width % self.model().n_heads:

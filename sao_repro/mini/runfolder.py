@@ -118,7 +118,17 @@ def check_resumable(run_dir: Path, has_checkpoint: bool):
 
 RUN_FILES = ("metrics.jsonl", "events.log", "config.json", "checkpoints")
 # options that do not change what a step computes: a resume may change them freely
-RESUME_FREE = ("steps", "out", "threads", "keep_ckpts", "ckpt_every", "debug_nan_step")
+RESUME_FREE = (
+    "steps",
+    "out",
+    "threads",
+    "keep_ckpts",
+    "ckpt_every",
+    "debug_nan_step",
+    "samples_per_step",
+    "samples_every",
+    "samples_max_mb",
+)
 
 
 def check_fresh(run_dir: Path, overwrite: bool = False):

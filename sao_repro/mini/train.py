@@ -44,6 +44,7 @@ from sao_repro.mini.critic_init import (
     load_critic_init,
 )  # load_critic_init: re-exported
 from ..safeload import load_state
+from ..samples import SampleWriter, sample_records
 from sao_repro.mini.runfolder import (
     RESUME_FREE as RESUME_FREE,
     RUN_FILES as RUN_FILES,
@@ -282,6 +283,7 @@ def train_step(self: MiniTrainer) -> dict:
         torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean()
     )
     m.update(self.dis_stats(ro, logp, loss_dis))
+    self.keep_samples(ro, logp, lag)
     m.update(rollout_mismatch(ro, logp if pre is None else pre, self.step - lag, self.step))
     self.step += 1
     self.history.push(self.step, self.policy)
@@ -303,6 +305,33 @@ def dis_stats(self: MiniTrainer, ro, logp, from_loss: dict) -> dict:
 def current_logp(self: MiniTrainer, ro) -> torch.Tensor:
     "[B, L] log-probs of rollout `ro` under the policy as it is now (no gradient)."
     return token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
+
+# %% ../../nbs/30_mini.train.ipynb #d96c0671
+@patch
+def keep_samples(self: MiniTrainer, ro, logp, lag: int) -> int:
+    "Write this step's kept rows to `samples.jsonl.gz` when the step is due; returns the bytes written."
+    w, step = getattr(self, "sample_writer", None), self.step + 1
+    if w is None or not w.due(step):
+        return 0
+    band, tok = self.setting.band, task_tokenizer(self.cfg.task())
+    kept = None if band is None else dis_mask(logp, ro.behav_logp, ro.loss_mask, band)
+    recs = sample_records(
+        step,
+        w.rows(len(ro.tokens)),
+        ro.tokens,
+        ro.loss_mask,
+        logp,
+        ro.behav_logp,
+        ro.rewards,
+        self.step - lag,
+        kept,
+        lengths=ro.lengths,
+        finished=ro.tokens.eq(tok.eos_id).any(1),
+        decode=lambda ids: "".join(tok.itos[i] for i in ids),
+        trainer_version=self.step,
+        band=band,
+    )
+    return w.write(step, recs)
 
 # %% ../../nbs/30_mini.train.ipynb #7ab5f5d6
 @patch
@@ -432,6 +461,7 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
         )
     if stale:
         log_event(run_dir, "stale_lock", pid=stale)
+    tr.sample_writer = SampleWriter(run_dir, cfg.samples_per_step, cfg.samples_every, cfg.samples_max_mb, tr.step)
     return _loop(tr, run_dir, log)
 
 # %% ../../nbs/30_mini.train.ipynb #7b596da9
