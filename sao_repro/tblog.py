@@ -14,11 +14,12 @@ import time
 import warnings
 from pathlib import Path
 
+from .files import write_atomic
 from .runlog import METRICS_FILE, add_derived, parse_record
 
 # %% auto #0
-__all__ = ['TB_DIR', 'scalars', 'crc32c', 'masked_crc', 'tfrecord', 'event_bytes', 'EventFile', 'read_records', 'read_scalars',
-           'RunScalars']
+__all__ = ['TB_DIR', 'scalars', 'crc32c', 'masked_crc', 'tfrecord', 'event_bytes', 'EventFile', 'read_records', 'event_step',
+           'read_scalars', 'truncate_events', 'RunScalars']
 
 # %% ../nbs/02a_tblog.ipynb #c1ec3627
 TB_DIR = "tensorboard"  # the TensorBoard folder inside a run folder
@@ -189,9 +190,8 @@ def _fields(b: bytes):
         yield num, v
 
 
-def read_records(path: str | Path):
-    "The records of one TFRecord file (checksums checked; a torn or corrupt tail ends the file)."
-    b = Path(path).read_bytes()
+def _framed(b: bytes):
+    "(record, its framed bytes) of a TFRecord file's bytes `b` (checksums checked; a torn or corrupt tail ends it)."
     i = 0
     while i + 12 <= len(b):
         head = b[i : i + 8]
@@ -201,8 +201,22 @@ def read_records(path: str | Path):
         data = b[i + 12 : i + 12 + n]
         if struct.unpack("<I", b[i + 12 + n : i + 16 + n])[0] != masked_crc(data):
             return
-        yield data
+        yield data, b[i : i + 16 + n]
         i += 16 + n
+
+
+def read_records(path: str | Path):
+    "The records of one TFRecord file (checksums checked; a torn or corrupt tail ends the file)."
+    for data, _ in _framed(Path(path).read_bytes()):
+        yield data
+
+
+def event_step(record: bytes) -> int:
+    "The `step` of one serialized `Event` (0 when it has none)."
+    for num, v in _fields(record):
+        if num == 2:
+            return v - (1 << 64) if v >= 1 << 63 else v
+    return 0
 
 
 def read_scalars(
@@ -231,6 +245,22 @@ def read_scalars(
             for tag, x in values:
                 out.setdefault(tag, {})[step] = x
     return out
+
+# %% ../nbs/02a_tblog.ipynb #54162bdd
+def truncate_events(
+    logdir: str | Path,  # a folder of event files
+    first_step: int,  # the records at this step or later go
+) -> int:
+    "Drop the records at `first_step` or later (and torn tails) from the event files in `logdir`; returns how many went."
+    dropped = 0
+    for p in sorted(Path(logdir).glob("*tfevents*")) if Path(logdir).is_dir() else []:
+        b = p.read_bytes()
+        keep = [framed for data, framed in _framed(b) if event_step(data) < first_step]
+        kept = b"".join(keep)
+        if len(kept) != len(b):
+            dropped += sum(1 for _ in _framed(b)) - len(keep)
+            write_atomic(p, kept)
+    return dropped
 
 # %% ../nbs/02a_tblog.ipynb #70bc10cf
 def _last_row(run_dir, step: int) -> dict | None:
@@ -264,7 +294,9 @@ class RunScalars:
             return False
         try:
             if self.writer is None:
-                self.writer = EventFile(self.logdir, purge_step=self.first_step - (self._restate is not None))
+                cut = self.first_step - (self._restate is not None)
+                truncate_events(self.logdir, cut)
+                self.writer = EventFile(self.logdir, purge_step=cut)
                 if self._restate is not None:  # the step before, as metrics.jsonl now keeps it
                     self.writer.add_scalars(self.first_step - 1, scalars(self._restate))
             step = int(row["step"])

@@ -19,7 +19,7 @@ from areal.utils import stats_tracker
 from areal.utils.environ import is_single_controller
 from ..files import commit_dirs, stash_dirs
 from ..runlog import log_event
-from ..tblog import RunScalars
+from ..tblog import RunScalars, truncate_events
 from .config import with_sao
 from . import engine as sao_engines
 
@@ -68,7 +68,7 @@ class SAOPPOTrainer(PPOTrainer):
         if critic:  # every rank: the load is collective
             self._load_recover_critic()
         done = 0 if info is None else int(info.last_step_info.global_step) + 1
-        self._scalars = run_scalars(self.stats_logger, done + 1) if _rank0() else None
+        self._scalars = run_scalars(self.stats_logger, done + 1, recover_on(config.recover)) if _rank0() else None
         if _rank0() and recover_on(config.recover):
             # steps after the checkpoint (all of them, without one) are recomputed: their old lines go
             dropped = trim_metrics(config.sao.run_dir, done)
@@ -200,15 +200,18 @@ def append_metrics(run_dir: str, step: int, stats: dict) -> dict | None:
     return row
 
 
-def run_scalars(stats_logger, first_step: int) -> RunScalars | None:
+def run_scalars(stats_logger, first_step: int, cut: bool = False) -> RunScalars | None:
     """The run's TensorBoard scalars through the writer AReaL's `StatsLogger` made from `stats_logger.tensorboard.path`
-    (our configs: `<run_dir>/tensorboard`), or None without one. From `first_step` on (a resume's first step),
-    TensorBoard drops what an earlier process wrote there (a `SessionLog START`, tensorboardX's `purge_step`)."""
+    (our configs: `<run_dir>/tensorboard`), or None without one. With `cut` (a recover, as metrics.jsonl is trimmed)
+    the earlier files there lose their records from `first_step` on; a `SessionLog START` there tells TensorBoard too."""
     writer = getattr(stats_logger, "summary_writer", None)
     if writer is None:
         return None
     try:
         from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        if cut:  # before the START record: the writer's own new file has nothing to drop and is left alone
+            truncate_events(writer.logdir, first_step)
 
         start = Event(step=int(first_step), session_log=SessionLog(status=SessionLog.START))
         writer._get_file_writer().add_event(start)
