@@ -15,6 +15,7 @@ from sao_repro.metrics import run_flags
 from sao_repro.runlog import read_events
 from sao_repro.mini.cli import compare_main, make_config, run_main, run_setting
 from mini_helpers import smoke_cache, smoke_cfg, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
+from tb_helpers import assert_tb_matches
 
 CONTRACT_KEYS = [
     "step",
@@ -149,6 +150,12 @@ def test_resume_after_crash_is_exact(setting, tmp_path):
     assert all(torch.equal(pa["policy"][k], pb["policy"][k]) for k in pa["policy"])
     events = [l.split("\t")[1] for l in (d / "events.log").read_text().splitlines()]
     assert "nan" in events and "resume" in events and events[-1] == "finish"
+    # TensorBoard: the same scalars as metrics.jsonl, the crashed run's steps after its checkpoint replaced
+    tags = ["eval/acc", "acc", "reward/mean", "rollout/n_correct", "actor/loss", "mismatch/lag_max"]
+    tags += {"sao": ["critic/value_loss"], "grpo_dis": ["dis/masked_frac"], "running_mean": ["adv/mean"]}[setting]
+    assert_tb_matches(full / "tensorboard", a, tags)
+    assert len(list((d / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert_tb_matches(d / "tensorboard", b, tags)
 
 
 def test_resume_with_more_steps_is_exact(tmp_path):
@@ -159,6 +166,8 @@ def test_resume_with_more_steps_is_exact(tmp_path):
     train_run(smoke_cfg("single_dis", tmp_path / "b", steps=10), resume=True, log=None)
     assert strip_perf(read_metrics(full)) == strip_perf(read_metrics(part))
     assert json.loads((part / "config.json").read_text())["steps"] == 10
+    got = assert_tb_matches(part / "tensorboard", read_metrics(part), ["eval/acc", "dis/masked_frac"])
+    assert 5 not in got["eval/acc"]  # step 5's evaluation, dropped on resume, is dropped in TensorBoard too
 
 
 def test_cli_nan_exit_code_and_resume(tmp_path, capsys):

@@ -16,6 +16,7 @@ import pytest
 
 from sao_repro.areal import rehearse as R
 from sao_repro.settings import get_setting, list_settings
+from tb_helpers import assert_tb_matches
 
 needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
 try:
@@ -357,6 +358,12 @@ def test_stand_in_noise_gives_dis_tokens_to_mask(tmp_path):
         assert len(kept) == 16 and all(x["response"] is not None for x in kept)
         gen = sum(sum(x["tokens"]["loss_mask"]) for x in kept)
         assert sum(sum(masked_tokens(x)) for x in kept) / gen == pytest.approx(r["dis/masked_frac"], abs=1e-6)
+    # TensorBoard, through the writer AReaL's StatsLogger made from stats_logger.tensorboard.path: metrics.jsonl's rows
+    # under the testbed's tags at the same steps (AReaL's own keys only as the areal/ copies)
+    got = assert_tb_matches(
+        run_dir(tmp_path, "grpo_dis") / "tensorboard", rs, ["dis/masked_frac", "acc", "reward/mean", "actor/loss"]
+    )
+    assert sorted(got["dis/masked_frac"]) == [1, 2] and "ppo_actor/update/actor_loss/avg" not in got
 
 
 def server_group(out):

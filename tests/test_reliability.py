@@ -13,6 +13,7 @@ from sao_repro.mini.cli import run_main
 from sao_repro.mini.sweep import load_sweep, sweep_main
 from sao_repro.mini.train import read_metrics
 from mini_helpers import smoke_cache  # noqa: F401 (an autouse fixture)
+from tb_helpers import assert_tb_matches
 from test_hardening import SMOKE_FLAGS, cli, events, snapshot
 
 
@@ -39,6 +40,8 @@ def test_resume_without_checkpoints_is_refused_and_loses_nothing(damage, tmp_pat
     assert snapshot(d) == before  # nothing truncated, nothing renamed
     assert run_main(_run_args(tmp_path, 3, "--overwrite")) == 0  # the other way on
     assert [m["step"] for m in read_metrics(d)] == [1, 2, 3]
+    assert len(list((d / "tensorboard").iterdir())) == 1  # the first run's TensorBoard file went with its metrics
+    assert_tb_matches(d / "tensorboard", read_metrics(d), ["eval/acc", "reward/mean"])
 
 
 def test_resume_compares_options_even_without_a_checkpoint(tmp_path, capsys):

@@ -59,13 +59,14 @@ def eval_due(cfg: MiniRunConfig, step: int) -> bool:
 
 
 def clear_run(run_dir: Path):
-    "Delete a run's metrics, events, config and checkpoints (a fresh run with `overwrite`)."
+    "Delete a run's metrics, events, config, checkpoints and TensorBoard scalars (a fresh run with `overwrite`)."
     for name in ("metrics.jsonl", "events.log", "config.json"):
         (run_dir / name).unlink(missing_ok=True)
     ck = run_dir / "checkpoints"
     if ck.is_symlink() or ck.is_file():  # a file (or link) in place of the folder: removed too
         ck.unlink()
     shutil.rmtree(ck, ignore_errors=True)
+    shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
 
 
 def run_state(run_dir, steps: int) -> str:

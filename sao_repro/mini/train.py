@@ -32,6 +32,7 @@ from sao_repro.runlog import (
     log_failure,
 )  # RunFolderBusy: re-exported
 from ..signals import GracefulStop, RunInterrupted
+from ..tblog import RunScalars
 from ..loss import policy_loss
 from ..settings import Setting
 from .model import CriticModel as CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start
@@ -468,13 +469,14 @@ def _train_locked(cfg, run_dir, resume, log, overwrite, allow_config_change, sta
 def _loop(tr: MiniTrainer, run_dir: Path, log) -> Path:
     cfg = tr.cfg
     try:
-        with GracefulStop() as stop, open(run_dir / "metrics.jsonl", "a") as f:
+        with GracefulStop() as stop, open(run_dir / "metrics.jsonl", "a") as f, RunScalars(run_dir, tr.step + 1) as tb:
             while tr.step < cfg.steps:
                 m = tr.train_step()
                 if eval_due(cfg, tr.step):
                     m.update(tr.evaluate())
                 f.write(json.dumps(_clean(m)) + "\n")
                 f.flush()
+                tb.write(m)  # the same record as TensorBoard scalars under run_dir/tensorboard
                 if tr.step % cfg.ckpt_every == 0 or tr.step == cfg.steps:
                     p = tr.save(run_dir)
                     log_event(run_dir, "checkpoint", step=tr.step, path=str(p.relative_to(run_dir)))
