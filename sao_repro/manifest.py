@@ -16,13 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .files import file_sha256, write_atomic
 from .runlog import parse_record
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # %% auto #0
 __all__ = ['MANIFEST_FILE', 'COMMAND_ENV', 'PACKAGES', 'DIST_NAMES', 'PROBE_TIMEOUT_S', 'MANIFEST_COLUMNS', 'package_source',
@@ -338,7 +334,7 @@ def manifest_row(run: str, m: dict | None) -> dict:
     }
 
 
-def manifest_table(runs: dict) -> pd.DataFrame:
+def manifest_table(runs: dict):  # -> pandas.DataFrame (pandas is imported only here)
     "One row per run (`run -> run folder`), from its manifest.json (`manifest_row`)."
     import pandas as pd
 
