@@ -22,9 +22,10 @@ from .runlog import parse_record
 
 # %% auto #0
 __all__ = ['MANIFEST_FILE', 'COMMAND_ENV', 'PACKAGES', 'DIST_NAMES', 'PROBE_TIMEOUT_S', 'MANIFEST_COLUMNS', 'package_source',
-           'package_versions', 'hardware', 'input_record', 'inputs_record', 'command_line', 'pass_command',
-           'collect_manifest', 'read_manifest', 'write_manifest', 'last_step', 'manifest_fields', 'field_differences',
-           'resume_differences', 'manifest_differences', 'manifest_row', 'manifest_table', 'manifest_commands']
+           'package_versions', 'hardware', 'input_record', 'inputs_record', 'own_command', 'command_line',
+           'pass_command', 'collect_manifest', 'read_manifest', 'write_manifest', 'last_step', 'manifest_fields',
+           'field_differences', 'resume_differences', 'manifest_differences', 'manifest_row', 'manifest_table',
+           'manifest_commands']
 
 # %% ../nbs/19_manifest.ipynb #44333276
 MANIFEST_FILE = "manifest.json"
@@ -164,6 +165,11 @@ def inputs_record(inputs: dict | None) -> dict:
     return out
 
 
+def own_command() -> list[str]:
+    "This process's command line as typed (`sys.orig_argv`: `python -m pkg ...` keeps its `-m pkg`), with the full executable path."
+    return [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]]
+
+
 def command_line() -> list[str]:
     "The command that started this run: the launcher's (`COMMAND_ENV`) when one passed it along, else this process's."
     try:
@@ -172,7 +178,7 @@ def command_line() -> list[str]:
             return cmd
     except (KeyError, ValueError):
         pass
-    return [sys.executable, *sys.argv]
+    return own_command()
 
 
 def pass_command(env=None):
@@ -200,7 +206,7 @@ def collect_manifest(
         "data": inputs_record(inputs),
         "command": command_line(),
     }
-    own = [sys.executable, *sys.argv]
+    own = own_command()
     if own != m["command"]:
         m["process"] = own
     return m

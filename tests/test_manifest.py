@@ -41,10 +41,8 @@ def test_testbed_run_records_commit_versions_hardware_warm_start_and_command(tmp
     assert m["data"]["warm_start"]["sha256"] == hashlib.sha256(start.read_bytes()).hexdigest()
     assert m["data"]["warm_start"]["bytes"] == start.stat().st_size
     assert "critic_init" not in m["data"]  # a run without a critic warm start reads no such file
-    assert m["command"] == json.loads(os.environ.get("SAO_REPRO_COMMAND", "null")) or m["command"] == [
-        sys.executable,
-        *sys.argv,
-    ]
+    launcher = os.environ.get("SAO_REPRO_COMMAND")  # set when this process launched a notebook run before
+    assert m["command"] == (json.loads(launcher) if launcher else [sys.executable, *sys.orig_argv[1:]])
     # a resume keeps the first session and appends its own, with the step it continued from
     train_run(smoke_cfg("grpo", tmp_path, steps=4), resume=True, log=None)
     m2 = read_manifest(d)
