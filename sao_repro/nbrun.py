@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .manifest import pass_command
+
 # %% auto #0
 __all__ = ['kernel_transport', 'kernel_manager_class', 'run_notebook']
 
@@ -63,6 +65,7 @@ def run_notebook(
     import papermill as pm
 
     _kernel_env()
+    pass_command()  # a run in the kernel records the command that launched it (sao_repro.manifest)
     Path(out_nb).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sao-kernel-") as sockets:
         pm.execute_notebook(

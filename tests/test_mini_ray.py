@@ -74,6 +74,8 @@ def test_a_task_resumes_a_shipped_partial_run_exactly(tmp_path):
         run_params("sao", 0, 4, "mini", str(tmp_path / "elsewhere"), False, SMOKE, resume=True),
         pack_dir(part),
         (key, start),
+        None,
+        ["sao-repro", "sweep", "grid.yaml", "--ray"],  # the driver's command line
     )
     assert r["error"] is None and r["node"] is None
     back = tmp_path / "back"
@@ -82,6 +84,11 @@ def test_a_task_resumes_a_shipped_partial_run_exactly(tmp_path):
     assert run_state(back, 4) == "done" and "resume" in events(back)
     assert strip_perf(read_metrics(back)) == strip_perf(read_metrics(local))
     assert (back / "checkpoints").is_dir() and (back / "run_setting.ipynb").exists()
+    # its manifest: the first session's, and the task's resume with the driver's command and the same warm start
+    m = json.loads((back / "manifest.json").read_text())
+    (res,) = m["resumes"]
+    assert res["step"] == 2 and res["command"] == ["sao-repro", "sweep", "grid.yaml", "--ray"] and "process" in res
+    assert res["data"]["warm_start"]["sha256"] == m["data"]["warm_start"]["sha256"] is not None
 
 
 @pytest.mark.slow

@@ -344,6 +344,11 @@ def test_stand_in_noise_gives_dis_tokens_to_mask(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rs = rows(run_dir(tmp_path, "grpo_dis"))
     assert json.loads((run_dir(tmp_path, "grpo_dis") / "config.json").read_text())["rehearsal"]["logprob_noise"] == 1.0
+    m = json.loads(
+        (run_dir(tmp_path, "grpo_dis") / "manifest.json").read_text()
+    )  # the run's manifest, as a cluster run's
+    assert m["backend"] == "areal" and m["versions"]["areal"] and len(m["data"]["train"]["sha256"]) == 64
+    assert "sao_repro.areal.train" in m["command"]  # the trainer's own command line, with its config overrides
     assert max(r["dis/masked_frac"] for r in rs) > 0.02
     for r in rs:
         theirs = 1 - r["areal/ppo_actor/update/unclipped_behave_tokens"] / r["areal/ppo_actor/update/n_valid_tokens"]

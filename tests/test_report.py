@@ -166,8 +166,8 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
     assert (
-        len(lines) == 9
-    )  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance (design / reference name their sources)
+        len(lines) == 10
+    )  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance, manifests (design / reference name their sources)
     assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
     named = [
         {
@@ -178,7 +178,7 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
         for line in lines
     ]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert named[0] == named[1] == named[2] == named[3] == named[5] == named[7] == named[8] == every
+    assert named[0] == named[1] == named[2] == named[3] == named[5] == named[7] == named[8] == named[9] == every
     assert named[4] == named[6] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
     assert html.count("sao-repro report --runs") >= 9
     assert 'id="health-table"' in html
@@ -460,7 +460,7 @@ def test_first_screen_title_folded_provenance_and_relative_paths(rendered, runs)
     assert title in re.sub(r"<[^>]+>", "", body[h1 : body.index("</h1>")])
     assert h1 < body.index("data:image/png") < body.index('id="headline-table"') < body.index('id="design-table"')
     folded = re.findall(r"<details>(.*?)</details>", body, flags=re.S)
-    assert len(folded) == 1 and folded[0].count("sao-repro run ") == len(SETTINGS) * len(SEEDS)
+    assert len(folded) == 2 and folded[0].count("sao-repro run ") == len(SETTINGS) * len(SEEDS)  # 2nd: manifests
     assert body.count("sao-repro run ") == len(SETTINGS) * len(SEEDS)  # the commands appear only in the folded block
     assert str(runs.parent) not in html and "--out runs" in folded[0]
     assert "report --runs runs" in body

@@ -87,10 +87,12 @@ def clear_trial_records(cfg) -> str:
 
 
 def _start_run(cfg, run_dir: str):
-    "Rank 0: AReaL's config copy, our config.json and the start events."
+    "Rank 0: AReaL's config copy, our config.json and manifest.json, and the start events."
     from areal.api.cli_args import save_config
     from areal.utils.stats_logger import StatsLogger
     from sao_repro.areal.config import config_dict
+    from sao_repro.areal.vllm_server import server_venv
+    from sao_repro.manifest import last_step, write_manifest
 
     save_config(cfg, StatsLogger.get_log_path(cfg.stats_logger))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -105,6 +107,9 @@ def _start_run(cfg, run_dir: str):
     if os.environ.get("SAO_REHEARSAL"):  # `sao-repro rehearse`: the CPU server's mismatch options and the scheduler
         d["rehearsal"] = json.loads(os.environ["SAO_REHEARSAL"])
     (Path(run_dir) / "config.json").write_text(json.dumps(d, indent=1, default=str))
+    data = {"train": cfg.train_dataset.path, "valid": cfg.valid_dataset and cfg.valid_dataset.path}
+    venvs = [] if (d.get("rehearsal") or {}).get("engine") == "stand-in" else [server_venv()]  # vLLM's own venv
+    write_manifest(run_dir, "areal", {**data, "critic_init": d.get("critic_source")}, last_step(run_dir), venvs)
     log_event(run_dir, "start", setting=cfg.sao.setting, seed=cfg.seed, config=cfg.trial_name)
     for role in ("actor", "critic"):
         eng = getattr(cfg, role, None)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..files import TASK_PATHS_ENV, apply_umask
+from ..manifest import COMMAND_ENV, command_line
 from ..nbrun import run_notebook
 from .inputs import inputs_key, pack_inputs, unpack_inputs
 from .model import cache_root, start_key, warm_start
@@ -69,6 +70,7 @@ def run_task(
     folder: bytes | None,  # the packed partial run folder to resume, or None
     start: tuple[str, bytes],  # (warm-start key, packed warm start)
     inputs: bytes | None = None,  # the packed input files (`sao_repro.mini.inputs.pack_inputs`), or None
+    command: list[str] | None = None,  # the driver's command line (the run's manifest.json records it)
 ) -> dict:
     "Execute one run in a private folder; returns {node, error, folder (packed), seconds}, also when the run failed."
     t0 = time.time()
@@ -86,8 +88,9 @@ def run_task(
         paths = {params["out_dir"]: str(tmp / "out"), **(unpack_inputs(inputs, tmp / "inputs") if inputs else {})}
         env = {
             "SAO_REPRO_CACHE": str(tmp / "cache"),
-            "OMP_NUM_THREADS": "1",  # the kernel inherits all three
+            "OMP_NUM_THREADS": "1",  # the kernel inherits them all
             TASK_PATHS_ENV: json.dumps(paths),
+            COMMAND_ENV: json.dumps(command or command_line()),
         }
         saved, error = {k: os.environ.get(k) for k in env}, None
         os.environ.update(env)
@@ -171,7 +174,9 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
         key = start_key(j["cfg"].task(), j["cfg"].model(), j["cfg"].pretrain())
         resume = bool(j["params"].get("resume"))
         folder = pack_dir(j["run_dir"]) if resume and Path(j["run_dir"]).exists() else None
-        ref = task.options(**opts).remote(nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])))
+        ref = task.options(**opts).remote(
+            nb_ref, j["params"], folder, starts[key], inputs.get(inputs_key(j["cfg"])), command_line()
+        )
         pending[ref] = (j, attempt)
 
     def fail(j, err):

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from ..manifest import write_manifest
 from ..safeload import load_state
 from ..runlog import log_event  # one events.log format for both backends
 from ..runlog import event_line_ok, parse_record, repair_lines, utf8_name, valid_step
 from .config import INPUT_PATHS, MiniRunConfig, canonical_options
+from .model import cache_root
 
 # %% auto #0
 __all__ = ['RUN_FILES', 'RESUME_FREE', 'read_metrics', 'truncate_metrics', 'checkpoints', 'eval_due', 'clear_run', 'run_state',
@@ -59,8 +61,8 @@ def eval_due(cfg: MiniRunConfig, step: int) -> bool:
 
 
 def clear_run(run_dir: Path):
-    "Delete a run's metrics, events, config, checkpoints and TensorBoard scalars (a fresh run with `overwrite`)."
-    for name in ("metrics.jsonl", "events.log", "config.json"):
+    "Delete a run's metrics, events, config, manifest, checkpoints and TensorBoard scalars (a fresh run with `overwrite`)."
+    for name in ("metrics.jsonl", "events.log", "config.json", "manifest.json"):
         (run_dir / name).unlink(missing_ok=True)
     ck = run_dir / "checkpoints"
     if ck.is_symlink() or ck.is_file():  # a file (or link) in place of the folder: removed too
@@ -207,7 +209,7 @@ def config_record(cfg: MiniRunConfig, tr) -> dict:
 
 
 def write_config(run_dir: Path, cfg: MiniRunConfig, tr, changes: list | None = None):
-    "config.json of the run; `changes` made at a resume are added to the ones recorded before."
+    "config.json of the run (`changes` made at a resume are added to the ones recorded before) and its manifest.json."
     p = run_dir / "config.json"
     try:
         before = json.loads(p.read_text()).get("changes", []) if p.exists() else []
@@ -217,6 +219,9 @@ def write_config(run_dir: Path, cfg: MiniRunConfig, tr, changes: list | None = N
     if before or changes:
         rec["changes"] = before + [{"step": tr.step, **c} for c in changes or []]
     write_atomic(p, json.dumps(rec, indent=1).encode())
+    start = tr.start_meta.get("key") and cache_root() / "mini" / tr.start_meta["key"] / "start.pt"  # its warm start
+    inputs = {"warm_start": start, "critic_init": getattr(tr, "critic_source", None)}
+    write_manifest(run_dir, "mini", inputs, resumed_at=tr.step or None)  # beside it: the code, versions, hardware
 
 
 def saved_config(run_dir: Path) -> dict:

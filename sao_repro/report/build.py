@@ -44,7 +44,7 @@ __all__ = ['INPUT_FILES', 'input_files', 'runs_fingerprint', 'find_report_notebo
            'write_numbers', 'sweep_result_files', 'render_report', 'report_parser', 'report_main']
 
 # %% ../../nbs/76a_report.build.ipynb #2b7fc3a6
-INPUT_FILES = ("metrics.jsonl", "config.json", "main.log", "merged.log", "samples.jsonl.gz")
+INPUT_FILES = ("metrics.jsonl", "config.json", "manifest.json", "main.log", "merged.log", "samples.jsonl.gz")
 
 
 def input_files(
@@ -106,6 +106,7 @@ def _source_files() -> list[str]:
         "stats",
         "metrics",
         "samples",
+        "manifest",
     )
     return [importlib.import_module(f"sao_repro.{m}").__file__ for m in mods]
 
