@@ -1,4 +1,5 @@
-"""sao_repro.metrics: metrics.jsonl and AReaL 1.0.4 log parsing (garbage included), flags, windows."""
+"""sao_repro.metrics: metrics.jsonl and AReaL 1.0.4 log parsing (garbage included), flags, windows, the
+monitor's run store (files truncated or replaced in place, a bounded history), folder names that are not UTF-8."""
 
 import json
 import math
@@ -13,6 +14,7 @@ import pytest
 import sao_repro.metrics as M
 import sao_repro.metrics.tail as tail
 from sao_repro.metrics.health import SAO_FLAGS
+from sao_repro.mini.cli import run_main
 from sao_repro.metrics import (
     COLUMNS,
     RunReader,
@@ -24,6 +26,8 @@ from sao_repro.metrics import (
     summarize_settings,
     window,
 )
+from mini_helpers import smoke_cache  # noqa: F401 (an autouse fixture)
+from run_tools import _run_args, _write_metrics
 
 AREAL_FIXTURE = Path(__file__).resolve().parent / "data" / "areal_1.0.4"
 
@@ -703,3 +707,65 @@ def test_a_number_no_float_holds_skips_its_line_like_a_torn_one(tmp_path):
         f.write(b"\n" + jl(step=6, acc=0.9))
     r.update()
     assert sorted(r.steps) == [1, 4, 6] and r.skipped["garbled"] == 4  # the torn tail, completed with a newline, too
+
+
+# ---------------------------------------------------------------- absurd steps; the monitor's run store: a file replaced in place, a bounded history
+def test_readers_skip_and_count_absurd_steps(tmp_path):
+    from sao_repro import report as R
+    from sao_repro.metrics import scan_runs
+
+    d = tmp_path / "mini" / "sao" / "seed0"
+    _write_metrics(d / "metrics.jsonl", [1, 2])
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1e30, "acc": 1}\n{"step": -5, "acc": 1}\n{"step": 2.5, "acc": 1}\n{"step": 3, "acc": 0.5}\n')
+    df, runs_df = R.load_runs(tmp_path)  # raised OverflowError before
+    assert sorted(df.step.unique()) == [1, 2, 3]
+    assert R.run_summary(df, runs_df, 2, 2).last_step.tolist() == [3]
+    assert scan_runs(tmp_path)[0]["skipped"]["bad_step"] == 3
+
+
+def test_monitor_rereads_a_file_truncated_or_replaced_in_place(tmp_path):
+    from sao_repro.metrics import RunStore
+
+    m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
+    _write_metrics(m, range(1, 41))
+    store = RunStore(tmp_path, follow_symlinks=False)
+    r = store.refresh()["mini/sao/seed0"]
+    assert len(r.steps) == 40
+    with open(m, "r+") as f:  # truncated in place, then a new run writes two steps
+        f.truncate(0)
+        f.write(json.dumps({"step": 1, "acc": 0.9}) + "\n" + json.dumps({"step": 2, "acc": 0.9}) + "\n")
+    store.refresh()
+    assert sorted(r.steps) == [1, 2] and r.steps[1]["acc"] == 0.9
+    new = m.with_name("new.jsonl")  # replaced by another, longer file
+    new.write_text("".join(json.dumps({"step": s, "acc": 0.1, "run": "b"}) + "\n" for s in range(1, 61)))
+    os.replace(new, m)
+    store.refresh()
+    assert sorted(r.steps) == list(range(1, 61)) and r.steps[1]["acc"] == 0.1
+
+
+def test_monitor_holds_a_bounded_downsampled_history(tmp_path):
+    from sao_repro.metrics import RunStore
+
+    m = tmp_path / "mini" / "sao" / "seed0" / "metrics.jsonl"
+    _write_metrics(m, range(1, 20_001))
+    r = RunStore(tmp_path, max_steps=1000).refresh()["mini/sao/seed0"]
+    assert len(r.steps) <= 1000 and min(r.steps) == 1 and max(r.steps) == 20_000
+    assert list(range(19_600, 20_001)) == sorted(r.steps)[-401:]  # the recent steps are all there
+
+
+# ---------------------------------------------------------------- a run folder whose name is not UTF-8
+def test_non_utf8_run_folder_is_skipped_and_named(tmp_path):
+    from sao_repro.metrics import collect_metrics, scan_runs
+
+    assert run_main(_run_args(tmp_path / "runs", 2)) == 0
+    bad = os.fsencode(tmp_path / "runs" / "mini") + b"/gr\xffpo"
+    os.makedirs(bad)
+    for name in (b"metrics.jsonl", b"events.log"):
+        with open(bad + b"/" + name, "wb") as f:
+            f.write((tmp_path / "runs" / "mini" / "grpo" / "seed0" / name.decode()).read_bytes())
+    with pytest.warns(UserWarning, match=r"gr\\xffpo.*not UTF-8"):
+        df = collect_metrics(tmp_path / "runs")
+    assert set(df["run"]) == {"mini/grpo/seed0"}  # the good run is still read
+    with pytest.warns(UserWarning, match="not UTF-8"):
+        assert [r["run"] for r in scan_runs(tmp_path / "runs")] == ["mini/grpo/seed0"]

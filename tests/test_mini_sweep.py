@@ -193,3 +193,43 @@ def test_a_narrow_critic_starts_the_same_whether_the_warm_start_was_built_or_rea
     assert read.start_meta == built.start_meta
     a, b = built.critic.model.state_dict(), read.critic.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- bounded sweep loading
+def test_billion_laughs_sweep_file_is_refused_before_it_expands(tmp_path, capsys):
+    from sao_repro.mini.sweep import sweep_main
+
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    (tmp_path / "lol.yaml").write_text("\n".join(lines + ["name: lol", "settings: [sao]", "seeds: 1", "steps: 1"]))
+    assert sweep_main([str(tmp_path / "lol.yaml"), "--out", str(tmp_path)]) == 2
+    assert "YAML aliases" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- sweep files that would count a run twice
+SWEEP = {"name": "s", "settings": ["grpo"], "seeds": [0, 1], "steps": 2}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"seeds": [0, 0, 1]}, "seeds: 0 is repeated"),
+        ({"grid": {"lr": [0.5, 0.5]}}, "grid.lr: 0.5 is repeated"),
+        ({"grid": {"noise": ["a/b", "a_b"]}}, "grid points"),
+        ({"name": ".."}, "one plain folder name"),
+        ({"name": "."}, "one plain folder name"),
+        ({"name": "a\\b"}, "one plain folder name"),
+        ({"seeds": [0, -1]}, "integers >= 0"),
+        ({"seeds": [0, 1.5]}, "integers >= 0"),
+    ],
+)
+def test_sweep_file_that_would_count_a_run_twice_or_escape_is_refused(change, words, tmp_path, capsys):
+    with pytest.raises(ValueError, match=words.replace(".", r"\.")):
+        load_sweep({**SWEEP, **change})
+    import yaml
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump({**SWEEP, **change}))
+    assert sweep_main([str(f), "--out", str(tmp_path / "out")]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused at load: nothing made

@@ -1,4 +1,5 @@
-"""sao_repro.monitor: the JSON API, live updates, the CLI and the security rules."""
+"""sao_repro.monitor: the JSON API, live updates, the CLI and the security rules, idle connections, a big log read in
+bounded parts."""
 
 import http.client
 import json
@@ -6,11 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sao_repro.monitor import CSS, JS, KEY_ENV, monitor_main, make_server, render_page, serve_in_thread
+from run_tools import _env, _get
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "k3y-for-tests-0123456789abcdef"
@@ -498,3 +502,104 @@ def test_a_root_monitor_serves_no_run_closed_by_its_mode(tmp_path):
         b.chmod(0o755)
         (a / "metrics.jsonl").chmod(0o644)
     assert [r["run"] for r in st.runs()] == ["mini/grpo/seed1", "mini/sao/seed0"]  # reopened: served again
+
+
+# ---------------------------------------------------------------- idle and half-open connections
+def test_monitor_closes_idle_and_half_open_connections(tmp_path):
+    import socket
+    from sao_repro.monitor import serve_in_thread
+
+    srv = serve_in_thread(tmp_path, port=0)
+    srv.idle_timeout = 0.5
+    try:
+        host, port = srv.server_address[:2]
+        socks = [socket.create_connection((host, port), timeout=60) for _ in range(20)]
+        for i, s in enumerate(socks):
+            if i % 2:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a request, never finished
+        assert all(s.recv(65536) == b"" for s in socks[::2])  # the server hung up on the silent ones
+        for s in socks[1::2]:
+            data = s.recv(65536)
+            while data:  # possibly a 408 or nothing; then the close
+                data = s.recv(65536)
+        for s in socks:
+            s.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# ---------------------------------------------------------------- the monitor over a big log
+N_STEPS, PAD = 15_000, 8_000  # ~120 MB: each line 50 metrics and a long text field (skipped, counted once per line)
+
+
+@pytest.fixture
+def big_log(tmp_path):
+    d = tmp_path / "runs" / "mini" / "sao" / "seed0"
+    d.mkdir(parents=True)
+    keys = ", ".join(f'"extra/k{i}": {i / 50}' for i in range(50))
+    pad = "x" * PAD
+    with open(d / "metrics.jsonl", "w") as f:
+        for s in range(N_STEPS):
+            f.write(f'{{"step": {s}, "acc": {s % 7 / 7}, {keys}, "note": "{pad}"}}\n')
+    assert (d / "metrics.jsonl").stat().st_size > 100e6
+    small = tmp_path / "runs" / "mini" / "grpo" / "seed0"
+    small.mkdir(parents=True)
+    (small / "metrics.jsonl").write_text('{"step": 1, "acc": 0.5}\n')
+    return tmp_path / "runs"
+
+
+@pytest.fixture
+def monitor(big_log):
+    "`sao-repro monitor` over the big log in its own process; yields its port."
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sao_repro.cli", "monitor", "--logs", str(big_log), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert m, line + p.stderr.read()
+        yield int(m.group(1))
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def test_monitor_loads_a_big_log_in_bounded_parts_and_answers_meanwhile(monitor):
+    port = monitor
+    status, body, secs = _get(port, "/api/runs")
+    runs = {r["run"]: r for r in json.loads(body)}
+    big = runs["mini/sao/seed0"]
+    assert status == 200 and big["loading"] and 0 < big["loaded_bytes"] < 20e6 < big["total_bytes"]
+    assert not runs["mini/grpo/seed0"]["loading"] and runs["mini/grpo/seed0"]["last_step"] == 1
+
+    done = threading.Event()
+    first = []
+
+    def load():  # what the page does: poll until the run is loaded
+        while not done.is_set():
+            first.append(json.loads(_get(port, "/api/runs", timeout=120)[1]))
+            if not any(r["loading"] for r in first[-1]):
+                done.set()
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    answered = 0
+    while not done.is_set():  # other requests, while the loader keeps reading
+        for path in ("/api/runs", "/", "/api/metrics?run=mini/grpo/seed0"):
+            status, _, secs = _get(port, path)
+            if not done.is_set():
+                assert status == 200 and secs < 5, (path, secs)
+                answered += 1
+        time.sleep(0.2)
+    t.join(timeout=300)
+    assert answered >= 3 and len(first) >= 5  # a 120 MB log: several bounded reads, requests answered in between
+    info = {r["run"]: r for r in json.loads(_get(port, "/api/runs")[1])}["mini/sao/seed0"]
+    assert not info["loading"] and info["loaded_bytes"] == info["total_bytes"]
+    assert info["n_steps"] == N_STEPS and info["skipped"]["non_numeric"] == N_STEPS  # every line read exactly once
+    m = json.loads(_get(port, "/api/metrics?run=mini/sao/seed0&metrics=acc&max_points=100000")[1])
+    assert m["metrics"]["acc"]["step"] == list(range(N_STEPS))

@@ -16,6 +16,7 @@ import pytest
 
 from sao_repro.areal import rehearse as R
 from sao_repro.settings import get_setting, list_settings
+from run_tools import _env
 from tb_helpers import assert_tb_matches
 
 needs_areal = pytest.mark.skipif(bool(R.missing_deps()), reason=f"AReaL's CPU dependencies missing: {R.missing_deps()}")
@@ -837,3 +838,48 @@ def test_overlay_is_composed_between_config_and_overrides():
     assert cfg.gconfig.max_new_tokens == 7  # the override wins over the overlay
     assert cfg.critic is None  # grpo has no critic: the overlay's critic section does not add one
     assert cfg.actor.mb_spec.n_mbs == 16  # sdpa: one sequence per micro-batch
+
+
+# ---------------------------------------------------------------- a second rehearse on a busy run folder
+HOLD = (
+    "import sys, time; from sao_repro.runlog import lock_run_dir\n"
+    "with lock_run_dir(sys.argv[1], 'rehearse'):\n    print('held', flush=True); time.sleep(600)"
+)
+
+
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_second_rehearse_on_a_busy_run_folder_exits_2_naming_the_holder(extra, tmp_path):
+    run_dir = tmp_path / "areal" / "sao" / "seed1"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (run_dir / "main.log").write_text("the first rehearsal's log\n")
+        t = time.monotonic()
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sao_repro.cli",
+                "rehearse",
+                "--setting",
+                "sao",
+                "--engine",
+                "stand-in",
+                "--out",
+                str(tmp_path),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=300,
+        )
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"PID {holder.pid}" in p.stderr and "rehearse" in p.stderr and "Traceback" not in p.stderr
+        assert "building the tiny model" not in p.stdout  # refused before it started anything
+        assert sorted(x.name for x in run_dir.iterdir()) == [".lock", "main.log"]  # --overwrite removed nothing
+        assert (run_dir / "main.log").read_text() == "the first rehearsal's log\n"
+        assert time.monotonic() - t < 120
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)

@@ -18,6 +18,7 @@ import yaml
 from sao_repro import report as R
 from sao_repro.report import build
 from sao_repro.metrics import collect_metrics, summarize_runs
+from run_tools import _write_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ("sao", "grpo")
@@ -936,3 +937,113 @@ def t_band_of(row):
 
     h = t.ppf(0.975, row["count"] - 1) * row["std"] / math.sqrt(row["count"])
     return row["mean"] - h, row["mean"] + h
+
+
+# ---------------------------------------------------------------- hostile names and values in the report
+EVIL = "x` <img src=x onerror=alert(1)> `<script>alert(2)</script>"
+
+
+@pytest.mark.slow
+def test_report_escapes_hostile_names_and_values_and_forbids_scripts(tmp_path):
+    from html.parser import HTMLParser
+    from sao_repro import report as R
+
+    runs = tmp_path / "runs"
+    for setting in ("sao", EVIL.replace("/", "_")):
+        d = runs / "mini" / setting / f"seed0{EVIL.replace('/', '_')}"
+        _write_metrics(d / "metrics.jsonl", range(1, 9))
+        (d / "config.json").write_text(
+            json.dumps(
+                {
+                    "setting": setting,
+                    "seed": 0,
+                    "backend": "mini",
+                    "ops": EVIL,
+                    "difficulty": EVIL,
+                    "lag": EVIL,
+                    "trajectories_per_step": 16,
+                }
+            )
+        )
+    (runs / "mini" / "summary.md").write_text(f"`sao-repro compare --out {EVIL}`\n")
+    out = tmp_path / f"report{EVIL.replace('/', '_')}"
+    assert R.report_main(["--runs", str(runs), "--out", str(out), "--format", "html", "--engine", "nbconvert"]) == 0
+    page = next(out.glob("*.html")).read_text()
+
+    class Tags(HTMLParser):
+        found = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found.append((tag, dict(attrs)))
+
+    Tags().feed(page)
+    handlers = [(t, k) for t, a in Tags.found for k in a if k.lower().startswith("on")]
+    assert handlers == []  # no inline event handler made it into the page
+    assert not [a for t, a in Tags.found if t == "img" and a.get("src") == "x"]
+    assert "alert(2)" not in [s for t, a in Tags.found if t == "script" for s in [a.get("src", "")]]
+    assert "<script>alert(2)</script>" not in page
+    csp = [a["content"] for t, a in Tags.found if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "script-src 'none'" in csp[0] and "default-src 'none'" in csp[0]
+    assert "alert(1)" in page  # the hostile text is shown, as text
+
+
+# ---------------------------------------------------------------- the report's provenance lines
+def _toy_study(runs, settings=("sao", "grpo"), seeds=(0, 1, 2), steps=60):
+    "Run folders as the testbed writes them (config.json, metrics.jsonl), with made-up but well-formed numbers."
+    for s in settings:
+        for k in seeds:
+            d = runs / "mini" / s / f"seed{k}"
+            d.mkdir(parents=True)
+            (d / "config.json").write_text(
+                json.dumps(
+                    {
+                        "setting": s,
+                        "seed": k,
+                        "backend": "mini",
+                        "steps": steps,
+                        "trajectories_per_step": 16,
+                        "out": str(runs),
+                    }
+                )
+            )
+            rows = [
+                {
+                    "step": i,
+                    "acc": (i + k) % 5 / 5,
+                    "correct": (i + k) % 5,
+                    "incorrect": 5 - (i + k) % 5,
+                    "reward/mean": (i % 4) / 4,
+                    "dis/masked_below_frac": 0.1,
+                    "dis/masked_above_frac": 0.02,
+                    "dis/kept_frac": 0.88,
+                    "rollout/resp_len": 3.0,
+                    **({"critic/explained_var": 0.3, "critic/value_loss": 0.2} if s == "sao" else {}),
+                    **({"eval/acc": 0.2 + 0.01 * k + 0.001 * i} if i % 20 == 0 or i == steps else {}),
+                }
+                for i in range(1, steps + 1)
+            ]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.slow
+def test_report_provenance_is_code_compact_and_relative(tmp_path, monkeypatch):
+    from sao_repro.report import report_main
+
+    runs, out, elsewhere = tmp_path / "study" / "runs", tmp_path / "study" / "report", tmp_path / "elsewhere"
+    _toy_study(runs)
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the runs are outside the current folder, given as absolute paths
+    assert report_main(["--runs", str(runs), "--out", str(out), "--engine", "nbconvert"]) == 0
+    html = (out / "math_hard_report.html").read_text()
+    lines = re.findall(r"run folders:(.*?)Made(.*?)</p>", html, flags=re.S)
+    assert len(lines) >= 6
+    assert "<code></code>" not in html
+    for folders, made in lines:
+        assert (
+            folders.strip().startswith("<code>runs/mini/") and "<code>sao-repro report --runs runs --out report" in made
+        )
+    assert "<code>runs/mini/{grpo,sao}/seed{0,1,2}</code>" in html  # six folders in one pattern
+    assert "<code>runs/mini/sao/seed{0,1,2}</code>" in html  # the DIS and critic figures: sao only
+    assert not re.search(r"mini/(sao|grpo)/seed\d", html.split("<details>")[0].split("</style>")[-1])  # none one by one
+    for absolute in (str(tmp_path), str(Path.home()), "/tmp/"):
+        assert absolute not in html, absolute

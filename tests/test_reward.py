@@ -1,5 +1,6 @@
 """Reward: answer equivalence, garbage, and the local pool's contract with real processes
-(hangs killed at the deadline, kill -9 mid-batch, 10,000 items in -> 10,000 out)."""
+(hangs killed at the deadline, kill -9 mid-batch, 10,000 items in -> 10,000 out), timeouts that must be finite, a pool
+broken at start-up rebuilt."""
 
 import importlib
 import os
@@ -255,3 +256,67 @@ def test_monkeypatched_score_runs_in_forked_workers(monkeypatch):
         assert res == [0.0, 1.0, 1.0]
         assert time.monotonic() - t0 <= 1.0 + 1.0 + 0.5
         assert p.stats()["reward/timeouts"] == 1
+
+
+# ---------------------------------------------------------------- timeouts and broken reward pools
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_reward_timeouts_must_be_finite_and_positive(bad):
+    from sao_repro import reward as R
+
+    with pytest.raises(ValueError, match="timeout_s"):
+        R.verify(r"$\boxed{1}$", "1", timeout_s=bad)
+    with pytest.raises(ValueError, match="timeout_s"):
+        R.RewardConfig(timeout_s=bad)
+    with pytest.raises(ValueError, match="timeout_s"):
+        R.LocalRewardPool(workers=1, timeout_s=bad)
+
+
+def test_one_worker_pool_refuses_a_nan_item_timeout_and_keeps_serving():
+    from sao_repro.reward import RewardPool
+
+    with RewardPool(backend="local", workers=1, timeout_s=10.0) as pool:
+        with pytest.raises(ValueError, match="timeout_s"):
+            pool.submit(r"$\boxed{1}$", "1", timeout_s=float("nan"))
+        assert pool.submit(r"$\boxed{1}$", "1").result(timeout=120) == 1.0
+        assert pool.stats()["reward/submitted"] == 1
+
+
+def test_verify_recreates_a_pool_broken_at_start_up_and_counts_it():
+    from sao_repro import reward as R
+
+    R.close_reward_pool()
+    # spawned workers need about a second to start: with a 50 ms start-up limit each is killed before it is ready
+    broken = R.RewardPool(backend="local", workers=1, timeout_s=5.0, start_method="spawn", startup_timeout_s=0.05)
+    deadline = time.monotonic() + 120
+    while broken._impl._broken is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broken._impl._broken, "the pool did not break"
+    from sao_repro.reward import pool as P  # the process-wide pool lives in sao_repro.reward.pool
+
+    with P._DEFAULT_LOCK:
+        P._DEFAULT.update(pool=broken, pid=os.getpid())
+    before = R.verify_stats()["reward/pool_rebuilds"]
+    try:
+        assert R.verify(r"so $\boxed{\frac{1}{2}}$", "0.5") == 1.0  # computed by a new pool, not a silent 0.0
+        assert R.verify(r"$\boxed{3}$", "4") == 0.0
+        assert R.verify_stats()["reward/pool_rebuilds"] == before + 1
+    finally:
+        R.close_reward_pool()
+
+
+def test_verify_raises_instead_of_scoring_when_no_pool_can_be_built(monkeypatch):
+    from sao_repro import reward as R
+
+    R.close_reward_pool()
+    monkeypatch.setenv("SAO_REWARD_TIMEOUT_S", "nan")  # a bad config: no pool can be built
+    with pytest.raises(ValueError, match="timeout_s"):
+        R.verify(r"$\boxed{1}$", "1")
+
+
+# ---------------------------------------------------------------- a megabyte-long completion
+def test_verify_scores_a_long_boxedx_tail():
+    from sao_repro.reward.check import score
+
+    t0 = time.perf_counter()
+    assert score("\\boxed{2}" + "\\boxedx" * 150_000, "2") == 1.0
+    assert time.perf_counter() - t0 < 30

@@ -1,7 +1,7 @@
 """How commands and processes end: `ExitOn` (an exception at one step of a command's main -> exit code and one line
 on stderr), the batch exits of `compare` and `sweep`, the `--ray` check before any run, and `exit_with_parent` (a
 process started by `sao-repro rehearse` ends with it, under both of its old names and in the vLLM server's
-environment)."""
+environment). A run stopped by Ctrl-C or SIGTERM ends at a step boundary and names `--resume`."""
 
 import json
 import os
@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sao_repro.mini.train import checkpoints, read_metrics, train_run
 from sao_repro.signals import PARENT_ENV, ExitOn, exit_with_parent
+from mini_helpers import smoke_cache, smoke_cfg  # noqa: F401 (smoke_cache: an autouse fixture)
+from run_tools import SMOKE_FLAGS, cli, events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,3 +194,46 @@ def test_a_launched_process_group_ends_with_its_launcher(module, name, launcher,
         if boss.poll() is None:
             os.killpg(boss.pid, signal.SIGKILL)
             boss.wait()
+
+
+# ---------------------------------------------------------------- Ctrl-C / SIGTERM during a run
+@pytest.fixture(scope="module")
+def warm_start_built(tmp_path_factory):
+    "The smoke warm start, built once into this module's cache, so the run below prints nothing while it starts."
+    train_run(smoke_cfg("grpo", tmp_path_factory.mktemp("warm"), steps=1), log=None)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("warm_start_built")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_at_a_step_boundary_and_names_resume(sig, tmp_path):
+    args = [
+        "run",
+        "--setting",
+        "grpo",
+        "--out",
+        tmp_path,
+        "--steps",
+        "400",
+        "--ckpt-every",
+        "1000",
+        "--eval-every",
+        "1000",
+        *SMOKE_FLAGS,
+    ]
+    proc = cli(*args)
+    m = tmp_path / "mini" / "grpo" / "seed0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while (not m.exists() or m.read_text().count("\n") < 2) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "--resume" in err
+    d = m.parent
+    ms = read_metrics(d)
+    ck = checkpoints(d)
+    assert ck[-1].name == f"step_{ms[-1]['step']:06d}.pt"  # nothing computed is lost
+    assert events(d)[-1] == "interrupted"
+    rec = json.loads((d / "events.log").read_text().splitlines()[-1].split("\t")[2])
+    assert rec["signal"] == signal.Signals(sig).name and rec["step"] == ms[-1]["step"]

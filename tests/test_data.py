@@ -1,8 +1,10 @@
-"""MATH preparation: last-box extraction, the GSM8K-style output, determinism, manifest, offline failure."""
+"""sao_repro.data, the MATH preparation: last-box extraction, the GSM8K-style output, determinism, manifest, offline
+failure, a set written whole or not at all, bad sources named."""
 
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sao_repro.data import HARD_LEVELS, gold_from_answer, last_boxed, make_math_fixture, prepare_math, prepare_math_main
+from run_tools import snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +75,6 @@ def test_prepare_fixture_schema_and_counts(tmp_path):
     assert gold_from_answer(r2["answer"]) == "28"
     assert sum(m["splits"]["train"]["by_level"].values()) == 10
     assert sum(m["splits"]["train"]["by_type"].values()) == 10
-    assert m["totals"]["rows"] == 15 and m["totals"]["skipped_no_boxed"] == 3
     data = (tmp_path / "out" / "train.jsonl").read_bytes()
     assert m["splits"]["train"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == m
@@ -187,3 +189,64 @@ def test_script_wrapper_runs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "o" / "manifest.json").exists()
+
+
+# ---------------------------------------------------------------- prepare-math writes one set
+KILL_AFTER_FIRST_FILE = """
+import os, signal, sys
+import sao_repro.data.prepare as D  # prepare_math looks write_atomic up here
+write = D.write_atomic
+def write_then_die(path, data):
+    write(path, data)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed between the files of the set
+D.write_atomic = write_then_die
+sys.exit(D.prepare_math_main(sys.argv[1:]))
+"""
+
+
+def test_prepare_math_killed_between_files_leaves_the_old_set(tmp_path):
+    from sao_repro.data import make_math_fixture, prepare_math_main
+
+    make_math_fixture(tmp_path / "a", n_train=12, n_test=6)
+    make_math_fixture(tmp_path / "b", n_train=18, n_test=12)
+    out = tmp_path / "data"
+    assert prepare_math_main(["--source", str(tmp_path / "a"), "--output", str(out)]) == 0
+    old = snapshot(out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_FIRST_FILE, "--source", str(tmp_path / "b"), "--output", str(out)],
+        env=env,
+        capture_output=True,
+    )
+    assert r.returncode == -signal.SIGKILL
+    assert snapshot(out) == old  # the old set, whole
+    assert prepare_math_main(["--source", str(tmp_path / "b"), "--output", str(out)]) == 0
+    new = snapshot(out)
+    manifest = json.loads(new["manifest.json"])
+    import hashlib
+
+    assert all(hashlib.sha256(new[s["file"]]).hexdigest() == s["sha256"] for s in manifest["splits"].values())
+    assert manifest["source"] == str(tmp_path / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "data"]  # no staging folder left behind
+
+
+def test_prepare_math_refuses_a_folder_with_other_files(tmp_path, capsys):
+    from sao_repro.data import make_math_fixture, prepare_math_main
+
+    make_math_fixture(tmp_path / "a")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.txt").write_text("mine")
+    assert prepare_math_main(["--source", str(tmp_path / "a"), "--output", str(tmp_path / "data")]) == 1
+    assert "notes.txt" in capsys.readouterr().err and (tmp_path / "data" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("content,words", [(b"", "empty file"), (b'\xff\xfe{"problem": "1"}\n', "not UTF-8")])
+def test_prepare_math_bad_source_names_the_file(content, words, tmp_path, capsys):
+    from sao_repro.data import prepare_math_main
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.jsonl").write_bytes(content)
+    assert prepare_math_main(["--source", str(tmp_path / "src"), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert words in err and "train.jsonl" in err and "StopIteration" not in err
+    assert not (tmp_path / "out").exists()

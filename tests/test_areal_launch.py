@@ -1,5 +1,6 @@
-"""Cluster launch glue: GPU preflight on recorded nvidia-smi outputs (Python and bash agree), the launch plan
-with a mocked runner, `areal-config` and `launch --dry-run` for every setting, the scripts."""
+"""sao_repro.areal.launch, the cluster launch glue: GPU preflight on recorded nvidia-smi outputs (Python and bash agree),
+the launch plan with a mocked runner, `areal-config` and `launch --dry-run` for every setting (a bad config: one
+message, exit 2), the scripts."""
 
 import io
 import json
@@ -422,3 +423,45 @@ def test_config_alias_loads_the_same_config(alias, target, capsys):
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and "setting: single_dis" in outs[0]
     assert SETTING_CONFIGS["single_dis"] == target
+
+
+# ---------------------------------------------------------------- bad configs: one message, exit 2
+def _bad_configs(tmp_path: Path) -> dict:
+    base = (ROOT / "configs" / "phase2_hard_base.yaml").read_text()
+    (tmp_path / "phase2_hard_base.yaml").write_text(base)
+    head = "defaults:\n  - phase2_hard_base\n  - _self_\n"
+    chain = "".join(f'k{i}: "' + (f"${{k{i - 1}}}" if i else "xxxxxxxx") * 2 + '"\n' for i in range(40))
+    files = {
+        "typo": head + "actr:\n  kl_ctl: 0.0\n",
+        "chain": head + "sao:\n  setting: sao\n" + chain,
+        "type": head + "seed: not-a-number\n",
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return {k: str(tmp_path / f"{k}.yaml") for k in files}
+
+
+def test_config_errors_are_one_message_with_exit_2(tmp_path, capsys):
+    from sao_repro.areal.launch import areal_config_main
+
+    bad = _bad_configs(tmp_path)
+    for name, words in (("typo", "did you mean actor"), ("chain", "would expand to more than"), ("type", "seed")):
+        assert areal_config_main([bad[name], "--dotenv", str(tmp_path / "none.env")]) == 2, name
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, (name, err)
+
+
+def test_launch_dry_run_reports_each_config_and_ends_with_a_summary(tmp_path, capsys):
+    from sao_repro.areal.launch import launch_main
+
+    bad = _bad_configs(tmp_path)
+    good = str(ROOT / "configs" / "phase2_hard_sao.yaml")
+    rc = launch_main(
+        ["--dry-run", "--dotenv", str(tmp_path / "none.env"), bad["typo"], good, bad["chain"]],
+        run=lambda *a, **k: subprocess.CompletedProcess(a, 0),
+    )
+    out, err = capsys.readouterr()
+    assert rc == 2
+    summary = out[out.index("summary") :]
+    assert all(Path(f).name in summary for f in (bad["typo"], good, bad["chain"]))
+    assert summary.count("error") == 2 and "dry-run" in summary

@@ -1,5 +1,7 @@
-"""The testbed command line is `MiniRunConfig`: every field is a flag of `sao-repro run` (and of `compare`), every sweep
-key is a field, and a bad choice is refused with exit 2 naming the choices (sao_repro.mini.cli, sao_repro.mini.sweep)."""
+"""sao_repro.mini.cli, the testbed command line. It is `MiniRunConfig`: every field is a flag of `sao-repro run` (and of
+`compare`), every sweep key is a field, and a bad choice is refused with exit 2 naming the choices (also
+sao_repro.mini.sweep). Bad numbers and counts exit 2 before any folder is made, `compare` skips finished runs, and a
+full disk is named as such."""
 
 import os
 import re
@@ -15,8 +17,11 @@ import yaml
 
 import sao_repro.mini.cli as mcli
 from sao_repro.cli import main
+from sao_repro.mini.cli import compare_main, run_main
 from sao_repro.mini.config import MiniRunConfig
 from sao_repro.mini.sweep import load_sweep
+from mini_helpers import smoke_cache  # noqa: F401 (an autouse fixture)
+from run_tools import _run_args, cli, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 HINTS = get_type_hints(MiniRunConfig)
@@ -239,3 +244,59 @@ def test_resume_compares_a_config_saved_under_old_spellings():
     assert config_changes(saved, cfg) == []
     saved["traj_per_step"] = 32  # a real change, saved under the old name, is still seen
     assert [c["key"] for c in config_changes(saved, cfg)] == ["trajectories_per_step"]
+
+
+# ---------------------------------------------------------------- compare skips finished runs
+@pytest.mark.slow
+def test_compare_skips_finished_runs_and_refuses_nothing_silently(tmp_path, capsys):
+    args = ["--settings", "grpo", "--seeds", "1", "--steps", "2", "--smoke", "--out", str(tmp_path), "--jobs", "1"]
+    assert compare_main(args) == 0
+    d = tmp_path / "mini" / "grpo" / "seed0"
+    before = snapshot(d)
+    capsys.readouterr()
+    assert compare_main(args) == 0
+    assert "1 finished run(s) skipped" in capsys.readouterr().out
+    assert snapshot(d) == before
+
+
+# ---------------------------------------------------------------- bad numbers and counts
+@pytest.mark.parametrize(
+    "bad",
+    [["--lr", "-1"], ["--noise", "nan"], ["--critic-lr", "inf"], ["--steps", "0"], ["--lag", "-2"], ["--n-eval", "0"]],
+)
+def test_bad_numbers_exit_2_before_any_folder(bad, tmp_path, capsys):
+    assert run_main(["--setting", "sao", "--out", str(tmp_path / "o"), *bad]) == 2
+    err = capsys.readouterr().err
+    assert bad[0].lstrip("-").replace("-", "_") + "=" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad", [["--seeds", "0"], ["--jobs", "0"], ["--window", "0"], ["--steps", "-1"]])
+def test_compare_bad_counts_exit_2(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare_main(["--out", str(tmp_path / "o"), *bad])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- a full disk during a run
+@pytest.fixture
+def tiny_disk(tmp_path):
+    "A 700 KB tmpfs: room for the logs and one smoke checkpoint, not two."
+    d = tmp_path / "disk"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("mount (tmpfs) is not available here")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.mark.slow
+def test_full_disk_says_so_and_names_the_folder(tiny_disk):
+    p = cli("run", *_run_args(tiny_disk, 6, "--ckpt-every", "1"))
+    out, err = p.communicate(timeout=300)
+    d = tiny_disk / "mini" / "grpo" / "seed0"
+    assert p.returncode == 1, err
+    assert "disk full" in err and str(d) in err and "--resume" in err, err
+    assert "enforce fail" not in err and "Traceback" not in err
+    assert not list((d / "checkpoints").glob("*.tmp"))  # the partial checkpoint does not hold the space

@@ -1,4 +1,4 @@
-"""Notebook runs are quiet: the kernels papermill starts for `compare` and `report` talk over IPC sockets, so
+"""sao_repro.nbrun: notebook runs are quiet: the kernels papermill starts for `compare` and `report` talk over IPC sockets, so
 ipykernel's 'Kernel is running over TCP without encryption' warning never reaches the user's terminal."""
 
 import json
