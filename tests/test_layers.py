@@ -183,3 +183,60 @@ def test_the_package_imports_nothing_from_an_old_path():
             else:
                 continue
             assert not old & set(targets), f"{mod} imports {old & set(targets)}"
+
+
+MOVED = [  # (module, the module some of its names moved to, those names): the module still names them
+    ("areal.cpu_server", "areal.cpu_generator", ["CPUGenerator", "generate", "sample_token"]),
+    (
+        "mini.model",
+        "mini.transformer",
+        ["LENGTH_BUCKETS", "ModelConfig", "Block", "Trunk", "PolicyModel", "CriticModel"],
+    ),
+    ("mini.model", "mini.transformer", ["token_logp", "generate", "sample_scored", "sampled_accuracy"]),
+    ("report.docs", "report.mathml", ["DocsError", "MATH_RE", "CODE_RE", "SLOT_TAG", "find_pandoc", "latex_to_mathml"]),
+    ("report.docs", "report.mathml", ["mathml_markdown", "mathml_nb", "fill_maths"]),
+    ("report.docs", "report.readme", ["README_NB", "README_HEAD", "README_SIDE", "ReadmeText", "readme_markdown"]),
+    ("report.docs", "report.readme", ["run_index", "write_readme", "readme_problems"]),
+]
+
+
+@pytest.mark.parametrize("old,new,names", MOVED, ids=[f"{o}-{n}-{i}" for i, (o, n, _) in enumerate(MOVED)])
+def test_names_moved_out_of_a_module_are_still_importable_from_it(old, new, names):
+    import importlib
+
+    mod, home = importlib.import_module(f"sao_repro.{old}"), importlib.import_module(f"sao_repro.{new}")
+    for n in names:
+        assert getattr(mod, n) is getattr(home, n), f"sao_repro.{old}.{n} is not sao_repro.{new}.{n}"
+
+
+MAX_MODULE_LINES, MAX_FACE_LINES = 450, 80  # a module does one job; a package's __init__.py only re-exports
+SPLIT_PENDING = {  # modules still over the limit, each to be split by job; remove a name once its module is split
+    "mini/train.py",
+    "mini/summary.py",
+    "mini/cli.py",
+    "areal/launch.py",
+    "areal/engine.py",
+}
+MODULES = sorted(
+    str(p.relative_to(ROOT / "sao_repro")) for p in (ROOT / "sao_repro").rglob("*.py") if p.name != "_modidx.py"
+)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="split pending")) if m in SPLIT_PENDING else m
+        for m in MODULES
+    ],
+)
+def test_every_module_is_short_and_every_package_face_only_re_exports(module):
+    "Physical lines as `wc -l` counts them: at most 450 per module, under 80 per package `__init__.py`."
+    with open(ROOT / "sao_repro" / module, "rb") as f:
+        n = f.read().count(b"\n")
+    face = module.endswith("__init__.py")
+    limit = MAX_FACE_LINES - 1 if face else MAX_MODULE_LINES
+    assert n <= limit, f"sao_repro/{module}: {n} lines, over the {'face' if face else 'module'} limit of {limit}"
+
+
+def test_the_split_pending_set_names_modules_that_exist():
+    assert SPLIT_PENDING <= set(MODULES), SPLIT_PENDING - set(MODULES)

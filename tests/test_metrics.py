@@ -577,8 +577,8 @@ def test_backends_do_not_import_the_metrics_reader():
     import ast
 
     pkg = Path(M.__file__).resolve().parents[1]  # sao_repro/
-    backends = [f"mini/{m}" for m in ("task", "model", "rollout", "train")] + [
-        f"areal/{m}" for m in ("config", "algo", "ppo_trainer", "engine", "train", "cpu_server")
+    backends = [f"mini/{m}" for m in ("task", "transformer", "model", "rollout", "train")] + [
+        f"areal/{m}" for m in ("config", "algo", "ppo_trainer", "engine", "train", "cpu_generator", "cpu_server")
     ]
     for f in [pkg / f"{m}.py" for m in backends + ["runlog"]]:
         for node in ast.walk(ast.parse(f.read_text())):

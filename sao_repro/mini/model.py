@@ -1,4 +1,4 @@
-"""A tiny causal character transformer (policy), a separate critic with a value head, and the cached supervised warm start.
+"""The mini policy's cached supervised warm start (pretraining to convergence on noisy labels, stored under a content hash), with the transformer it trains (`sao_repro.mini.transformer`).
 
 Docs: https://sao-repro.github.io/sao-repro/mini.model.html.md"""
 
@@ -19,8 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..safeload import load_state
@@ -34,164 +32,21 @@ from sao_repro.mini.task import (
     chain_steps,
     draw_chains,
     draw_expressions,
-    encode_prompts,
     eval_problems,
     max_answer_len,
-    response_reward,
     scratchpad,
     task_tokenizer,
 )
 
 # %% auto #0
-__all__ = ['LENGTH_BUCKETS', 'CACHE_VERSION', 'ModelConfig', 'Block', 'Trunk', 'PolicyModel', 'CriticModel', 'token_logp',
-           'PretrainConfig', 'noisy_answer', 'sft_batch', 'noisy_scratchpad', 'chain_sft_batch', 'generate',
-           'sample_scored', 'sampled_accuracy', 'pretrain', 'cache_root', 'start_key', 'warm_start']
+__all__ = ['CACHE_VERSION', 'PretrainConfig', 'noisy_answer', 'sft_batch', 'noisy_scratchpad', 'chain_sft_batch', 'pretrain',
+           'cache_root', 'start_key', 'warm_start']
 
-# %% ../../nbs/26_mini.model.ipynb #17dbb425
-@dataclass
-class ModelConfig:
-    "Shape of the tiny transformer."
-
-    vocab_size: int = field(default=16, metadata={"help": "character vocabulary size"})
-    d_model: int = field(default=64, metadata={"help": "hidden width"})
-    n_layers: int = field(default=2, metadata={"help": "transformer blocks"})
-    n_heads: int = field(default=4, metadata={"help": "attention heads"})
-    mlp_mult: int = field(default=4, metadata={"help": "MLP width multiplier"})
-    max_len: int = field(default=32, metadata={"help": "longest sequence (prompt + response)"})
-
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig: d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-
-
-def _attend_one(q, k, v):
-    "One query per row over all cached keys (decoding): two small matmuls beat a fused kernel at this size."
-    w = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, -1)
-    return w @ v
-
-
-class Block(nn.Module):
-    "One pre-LN causal transformer block."
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(c.d_model)
-        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
-        self.proj = nn.Linear(c.d_model, c.d_model)
-        self.ln2 = nn.LayerNorm(c.d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(c.d_model, c.mlp_mult * c.d_model), nn.GELU(), nn.Linear(c.mlp_mult * c.d_model, c.d_model)
-        )
-        self.n_heads, self.max_len = c.n_heads, c.max_len
-
-    def forward(self, h, kv: dict | None = None, start: int = 0):
-        """`kv`: this block's key/value cache for incremental decoding, preallocated on first use for `max_len`
-        positions and filled in place; `start`: position of `h[:, 0]`."""
-        B, T, D = h.shape
-        q, k, v = self.qkv(self.ln1(h)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        if kv is not None:
-            if not kv:
-                kv["k"], kv["v"] = (k.new_zeros(B, self.n_heads, self.max_len, D // self.n_heads) for _ in "kv")
-            elif T > 1:  # the causal mask below would be aligned to the wrong end of the keys
-                raise ValueError(f"a filled key/value cache takes one token at a time, got {T}")
-            kv["k"][:, :, start : start + T], kv["v"][:, :, start : start + T] = k, v
-            k, v = kv["k"][:, :, : start + T], kv["v"][:, :, : start + T]
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if T > 1 else _attend_one(q, k, v)
-        h = h + self.proj(a.transpose(1, 2).reshape(B, T, D))
-        return h + self.mlp(self.ln2(h))
-
-# %% ../../nbs/26_mini.model.ipynb #72ad4c21
-LENGTH_BUCKETS = (
-    2  # row groups of a forward by length (64 chain rollouts: 1 to 8 groups time the same, all ~35% under uncut rows)
-)
-
-
-def _by_length(
-    f,  # rows [b, T'] -> outputs [b, T', ...]
-    tokens: torch.Tensor,  # [B, T] right-padded rows
-    lengths: torch.Tensor,  # [B] tokens that matter per row (positions >= length: padding)
-    n_buckets: int = LENGTH_BUCKETS,
-):
-    "`f(tokens)` on rows grouped by length, each group cut after its longest row; zeros at positions >= length."
-    B, T = tokens.shape
-    order = torch.argsort(lengths, stable=True)
-    outs = []
-    for idx in torch.tensor_split(order, min(n_buckets, B)):
-        if len(idx):
-            o = f(tokens[idx, : max(int(lengths[idx].max()), 1)])
-            outs.append(F.pad(o, (0, 0) * (o.dim() - 2) + (0, T - o.shape[1])))
-    return torch.cat(outs).index_select(0, torch.argsort(order))
-
-
-class Trunk(nn.Module):
-    "Embeddings + blocks + final LayerNorm: tokens [B, T] -> hidden [B, T, D]."
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.tok = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos = nn.Embedding(c.max_len, c.d_model)
-        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layers)])
-        self.ln_f = nn.LayerNorm(c.d_model)
-
-    def forward(self, tokens, cache: list | None = None, start: int = 0, lengths: torch.Tensor | None = None):
-        """`cache`: one dict per block (incremental decoding); `start`: position of `tokens[:, 0]`;
-        `lengths` [B]: compute each row only up to its length (hidden state 0 after it)."""
-        if lengths is not None:
-            return _by_length(self, tokens, lengths)
-        h = self.tok(tokens) + self.pos(torch.arange(start, start + tokens.shape[1]))
-        for i, b in enumerate(self.blocks):
-            h = b(h, None if cache is None else cache[i], start)
-        return self.ln_f(h)
-
-
-class PolicyModel(nn.Module):
-    "Causal LM: tokens [B, T] -> logits [B, T, V]."
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.config = c
-        self.trunk = Trunk(c)
-        self.head = nn.Linear(c.d_model, c.vocab_size)
-
-    def forward(self, tokens, cache: list | None = None, start: int = 0, lengths: torch.Tensor | None = None):
-        return self.head(self.trunk(tokens, cache, start, lengths))
-
-    def new_cache(self) -> list:
-        "An empty key/value cache for `forward(..., cache=, start=)`."
-        return [{} for _ in self.trunk.blocks]
-
-
-class CriticModel(nn.Module):
-    "Value network: tokens [B, T] -> values [B, T], V(x_<=t) at position t."
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.config = c
-        self.trunk = Trunk(c)
-        self.value_head = nn.Linear(c.d_model, 1)
-
-    def forward(self, tokens, lengths: torch.Tensor | None = None):
-        return self.value_head(self.trunk(tokens, lengths=lengths)).squeeze(-1)
-
-    @classmethod
-    def from_policy(cls, policy: PolicyModel, init_value: float = 0.0):
-        "Critic whose trunk starts from the policy's weights; value head zero, bias `init_value`."
-        critic = cls(policy.config)
-        critic.trunk.load_state_dict(policy.trunk.state_dict())
-        nn.init.zeros_(critic.value_head.weight)
-        nn.init.constant_(critic.value_head.bias, init_value)
-        return critic
-
-# %% ../../nbs/26_mini.model.ipynb #b8684004
-def token_logp(
-    logits: torch.Tensor,  # [B, T, V] logits for positions 0..T-1
-    tokens: torch.Tensor,  # [B, T] token ids
-) -> torch.Tensor:
-    "logp[:, t] = log softmax(logits[:, t])[tokens[:, t+1]]; last column 0. Returns [B, T] float32."
-    B, T = tokens.shape
-    assert logits.shape[:2] == (B, T), f"logits {tuple(logits.shape)} vs tokens {tuple(tokens.shape)}"
-    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    return torch.cat([lp, lp.new_zeros(B, 1)], 1)
+# %% ../../nbs/26_mini.model.ipynb #10682f17
+from .transformer import LENGTH_BUCKETS as LENGTH_BUCKETS, ModelConfig as ModelConfig, Block as Block
+from .transformer import Trunk as Trunk, PolicyModel as PolicyModel, CriticModel as CriticModel
+from .transformer import token_logp as token_logp, generate as generate, sample_scored as sample_scored
+from .transformer import sampled_accuracy as sampled_accuracy
 
 # %% ../../nbs/26_mini.model.ipynb #698a6eaf
 @dataclass
@@ -264,83 +119,6 @@ def chain_sft_batch(task: TaskConfig, tok: CharTokenizer, n: int, rng: np.random
         tokens[i, : len(row)] = torch.tensor(row)
         mask[i, P - 1 : len(row) - 1] = True
     return tokens, mask
-
-# %% ../../nbs/26_mini.model.ipynb #b2c759f9
-@torch.no_grad()
-def generate(
-    model: PolicyModel,
-    prompts: torch.Tensor,
-    max_new: int,
-    gen: torch.Generator,
-    noise: float = 0.0,
-    dtype: str = "float32",
-    kv_cache: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample up to `max_new` tokens after `prompts` [B, P] (stops after <eos>; then pads).
-    With `noise` > 0 the logits get N(0, noise^2) added before sampling (a mismatched engine);
-    with `dtype='bfloat16'` the forward pass runs under bfloat16 autocast (a lower-precision engine).
-    With `kv_cache` each new token costs one position instead of the whole prefix (long responses).
-    Returns tokens [B, P+max_new] and the sampling log-probs of each new token [B, max_new]."""
-    B, P = prompts.shape
-    tokens = torch.cat([prompts, prompts.new_zeros(B, max_new)], 1)
-    lps = torch.zeros(B, max_new)
-    done = torch.zeros(B, dtype=torch.bool)
-    cache = model.new_cache() if kv_cache else None
-    for i in range(max_new):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            if cache is None:
-                logits = model(tokens[:, : P + i])[:, -1].float()
-            else:
-                logits = model(
-                    tokens[:, :P] if i == 0 else tokens[:, P + i - 1 : P + i], cache, 0 if i == 0 else P + i - 1
-                )[:, -1].float()
-        if noise > 0:
-            logits = logits + noise * torch.randn(logits.shape, generator=gen)
-        logp_all = torch.log_softmax(logits, -1)
-        nxt = torch.multinomial(logp_all.exp(), 1, generator=gen).squeeze(-1)
-        nxt = torch.where(done, torch.zeros_like(nxt), nxt)
-        lps[:, i] = torch.where(done, torch.zeros(B), logp_all.gather(-1, nxt[:, None]).squeeze(-1))
-        tokens[:, P + i] = nxt
-        done = done | (nxt == CharTokenizer.eos_id)
-        if bool(done.all()):
-            break
-    return tokens, lps
-
-
-@torch.no_grad()
-def sample_scored(
-    model: PolicyModel,
-    problems: list[dict],
-    task: TaskConfig,
-    gen: torch.Generator,
-    noise: float = 0.0,
-    dtype: str = "float32",
-) -> tuple[torch.Tensor, torch.Tensor, int, list[float]]:
-    """One sampled response per problem, scored: tokens [B, P+n], sampling log-probs [B, n] (n <= the task's
-    longest response + <eos>), the prompt length P and each response's reward."""
-    tok = task_tokenizer(task)
-    prompts = encode_prompts(problems, task, tok)
-    P = prompts.shape[1]
-    # long responses decode with the key/value cache; the add family keeps the prefix recompute of its published runs
-    out, lps = generate(
-        model, prompts, max_answer_len(task) + 1, gen, noise=noise, dtype=dtype, kv_cache=task.family != "add"
-    )
-    return out, lps, P, [response_reward(tok.decode_response(o[P:].tolist()), p, task) for o, p in zip(out, problems)]
-
-
-def sampled_accuracy(
-    model: PolicyModel,
-    problems: list[dict],
-    task: TaskConfig,
-    gen: torch.Generator,
-    batch_size: int = 512,
-    per_problem: bool = False,
-) -> float | list[float]:
-    "Fraction of `problems` answered correctly by one temperature-1 sample each (or each problem's reward)."
-    hits = []
-    for i in range(0, len(problems), batch_size):
-        hits += sample_scored(model, problems[i : i + batch_size], task, gen)[3]
-    return hits if per_problem else sum(hits) / max(len(problems), 1)
 
 # %% ../../nbs/26_mini.model.ipynb #dd4769f7
 def _batches(task: TaskConfig, tok: CharTokenizer, cfg: PretrainConfig, rng: np.random.Generator, ahead: int = 2):

@@ -19,131 +19,33 @@ __all__ = ['fmt_ci', 'kernel_transport', 'run_notebook', 'REFERENCE_RESULTS', 'R
 # %% ../../nbs/76_report.ipynb #6039161c
 from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
-from sao_repro.report.tables import (
-    REFERENCE_RESULTS,
-    REFERENCE_SOURCE,
-    design_table,
-    distance_table,
-    format_numbers,
-    headline_table,
-    load_runs,
-    numbers_table,
-    reference_table,
-    run_summary,
-    runs_table,
-    health_table,
-    mismatch_table,
-    table_html,
-)
-from sao_repro.report.text import (
-    display_path,
-    html_id,
-    md_code,
-    provenance,
-    report_base,
-    report_title,
-    runs_block,
-    runs_commands,
-    runs_using,
-    testbed_limits,
-)
+from .tables import REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers
+from .tables import headline_table, load_runs, numbers_table, reference_table, run_summary, runs_table
+from .tables import health_table, mismatch_table, table_html
+from .text import display_path, html_id, md_code, provenance, report_base, report_title, runs_block
+from .text import runs_commands, runs_using, testbed_limits
 from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep, figure_notes
-from sao_repro.report.render import (
-    CHROMIUM_INSTALL,
-    REPORT_FORMATS,
-    REPORT_NAME,
-    REPORT_NB,
-    chromium_missing,
-    find_chromium,
-    html_to_pdf,
-    image_stats,
-    is_blank,
-    notebook_to_html,
-    offline_violations,
-    quarto_html,
-    report_formats,
-    screenshot,
-    set_notebook_title,
-    shrink_png,
-)
+from .render import CHROMIUM_INSTALL, REPORT_FORMATS, REPORT_NAME, REPORT_NB, chromium_missing
+from .render import find_chromium, html_to_pdf, image_stats, is_blank, notebook_to_html
+from .render import offline_violations, quarto_html, report_formats, screenshot, set_notebook_title
+from .render import shrink_png
 from .docs import build_docs, check_quarto_yml, quarto_files
-from sao_repro.report.build import (
-    INPUT_FILES,
-    execute_report,
-    find_report_notebook,
-    input_files,
-    render_report,
-    report_main,
-    report_parser,
-    runs_fingerprint,
-    sweep_result_files,
-    text_path,
-    write_numbers,
-)
+from .build import INPUT_FILES, execute_report, find_report_notebook, input_files, render_report
+from .build import report_main, report_parser, runs_fingerprint, sweep_result_files, text_path
+from .build import write_numbers
 
 # %% ../../nbs/76_report.ipynb #2628f031
+# fmt: off
 _all_ = [
-    "fmt_ci",
-    "kernel_transport",
-    "run_notebook",
-    "REFERENCE_RESULTS",
-    "REFERENCE_SOURCE",
-    "design_table",
-    "distance_table",
-    "format_numbers",
-    "headline_table",
-    "load_runs",
-    "numbers_table",
-    "reference_table",
-    "run_summary",
-    "runs_table",
-    "health_table",
-    "mismatch_table",
-    "table_html",
-    "display_path",
-    "html_id",
-    "md_code",
-    "provenance",
-    "report_base",
-    "report_title",
-    "runs_block",
-    "runs_commands",
-    "runs_using",
-    "testbed_limits",
-    "band_text",
-    "fig_accuracy",
-    "fig_critic",
-    "fig_dis",
-    "fig_sweep",
-    "figure_notes",
-    "CHROMIUM_INSTALL",
-    "REPORT_FORMATS",
-    "REPORT_NAME",
-    "REPORT_NB",
-    "chromium_missing",
-    "find_chromium",
-    "html_to_pdf",
-    "image_stats",
-    "is_blank",
-    "notebook_to_html",
-    "offline_violations",
-    "quarto_html",
-    "report_formats",
-    "screenshot",
-    "set_notebook_title",
-    "shrink_png",
-    "build_docs",
-    "check_quarto_yml",
-    "quarto_files",
-    "INPUT_FILES",
-    "execute_report",
-    "find_report_notebook",
-    "input_files",
-    "render_report",
-    "report_main",
-    "report_parser",
-    "runs_fingerprint",
-    "sweep_result_files",
-    "text_path",
-    "write_numbers",
+    "fmt_ci", "kernel_transport", "run_notebook", "REFERENCE_RESULTS", "REFERENCE_SOURCE", "design_table",
+    "distance_table", "format_numbers", "headline_table", "load_runs", "numbers_table", "reference_table",
+    "run_summary", "runs_table", "health_table", "mismatch_table", "table_html", "display_path", "html_id", "md_code",
+    "provenance", "report_base", "report_title", "runs_block", "runs_commands", "runs_using", "testbed_limits",
+    "band_text", "fig_accuracy", "fig_critic", "fig_dis", "fig_sweep", "figure_notes", "CHROMIUM_INSTALL",
+    "REPORT_FORMATS", "REPORT_NAME", "REPORT_NB", "chromium_missing", "find_chromium", "html_to_pdf", "image_stats",
+    "is_blank", "notebook_to_html", "offline_violations", "quarto_html", "report_formats", "screenshot",
+    "set_notebook_title", "shrink_png", "build_docs", "check_quarto_yml", "quarto_files", "INPUT_FILES",
+    "execute_report", "find_report_notebook", "input_files", "render_report", "report_main", "report_parser",
+    "runs_fingerprint", "sweep_result_files", "text_path", "write_numbers",
 ]
+# fmt: on

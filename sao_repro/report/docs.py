@@ -10,7 +10,6 @@ import argparse
 import fnmatch
 import html
 import json
-import posixpath
 import re
 import shutil
 import sys
@@ -22,14 +21,19 @@ from ..files import OutputPathError, check_output_dir, drop_links, output_dir
 from ..signals import ExitOn
 from .render import REPORT_NAME, REPORT_NB, notebook_to_html, offline_violations
 from .layers import doc_sections
-from .pages import page_title, shell_cells, tidy_doc_nb
+from .pages import page_title, tidy_doc_nb
 
 # %% auto #0
-__all__ = ['RESULT_CALL', 'CURRENT', 'SIDEBAR_CSS', 'MATH_RE', 'CODE_RE', 'SLOT_TAG', 'README_NB', 'README_HEAD', 'README_SIDE',
-           'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml', 'quarto_files', 'check_quarto_yml',
-           'DocsError', 'nbdev_notes', 'process_docs', 'fill_results', 'find_pandoc', 'latex_to_mathml',
-           'mathml_markdown', 'mathml_nb', 'fill_maths', 'build_docs', 'readme_markdown', 'run_index', 'write_readme',
-           'readme_problems', 'ReadmeText', 'docs_main']
+__all__ = ['RESULT_CALL', 'CURRENT', 'SIDEBAR_CSS', 'doc_notebooks', 'nbdev_site', 'quarto_config', 'write_quarto_yml',
+           'quarto_files', 'check_quarto_yml', 'nbdev_notes', 'process_docs', 'fill_results', 'build_docs', 'docs_main']
+
+# %% ../../nbs/75_report.docs.ipynb #83073938
+from .mathml import DocsError as DocsError, MATH_RE as MATH_RE, CODE_RE as CODE_RE
+from .mathml import SLOT_TAG as SLOT_TAG, find_pandoc as find_pandoc, latex_to_mathml as latex_to_mathml
+from .mathml import mathml_markdown as mathml_markdown, mathml_nb as mathml_nb, fill_maths as fill_maths
+from .readme import README_NB as README_NB, README_HEAD as README_HEAD, README_SIDE as README_SIDE
+from .readme import ReadmeText as ReadmeText, readme_markdown as readme_markdown, run_index as run_index
+from .readme import write_readme as write_readme, readme_problems as readme_problems
 
 # %% ../../nbs/75_report.docs.ipynb #6f9544df
 def doc_notebooks(root=".") -> list[Path]:
@@ -143,10 +147,6 @@ def check_quarto_yml(root=".") -> list[str]:
     return probs
 
 # %% ../../nbs/75_report.docs.ipynb #77da0a40
-class DocsError(RuntimeError):
-    "The docs site cannot be built as it should be (a notebook failed to process, no pandoc for its maths)."
-
-
 def nbdev_notes(caught: list, nbs: Path) -> list[str]:
     "One line per warning nbdev gave (`warnings.WarningMessage`s), naming the notebook and cell it quotes, if any."
     cells = [
@@ -240,114 +240,6 @@ def _html_links(nb, names: set[str]):
                 o["data"]["text/markdown"] = fix(o["data"]["text/markdown"])
     return nb
 
-# %% ../../nbs/75_report.docs.ipynb #2c532e9e
-MATH_RE = re.compile(r"\$\$(.+?)\$\$|(?<![\\$\w])\$(?=\S)([^$\n]+?)(?<=\S)\$(?![\w$])", flags=re.S)
-CODE_RE = re.compile(r"(```.*?```|~~~.*?~~~|`[^`\n]*`)", flags=re.S)
-
-
-def find_pandoc() -> str | None:
-    "A pandoc executable: on PATH, else the one `pypandoc-binary` ships; None when neither is there."
-    exe = shutil.which("pandoc")
-    if exe:
-        return exe
-    try:
-        import pypandoc
-
-        return pypandoc.get_pandoc_path()
-    except (ImportError, OSError):
-        return None
-
-
-def latex_to_mathml(snippets: list[tuple[str, bool]]) -> list[str]:
-    'MathML for each (LaTeX, display?) with one pandoc run; display maths as `<math display="block">`.'
-    import subprocess
-
-    if not snippets:
-        return []
-    exe = find_pandoc()
-    if exe is None:
-        raise DocsError(
-            "the docs have maths and no pandoc is installed: pip install pypandoc-binary (or apt-get install pandoc)"
-        )
-    doc = "\n\n".join(f"$${s}$$" if disp else f"${s}$" for s, disp in snippets)
-    r = subprocess.run(
-        [exe, "-f", "markdown", "-t", "html", "--mathml"], input=doc, capture_output=True, text=True, timeout=120
-    )
-    if r.returncode:
-        raise DocsError(f"pandoc failed on the maths: {r.stderr.strip()[-400:]}")
-    out = [m.group(1) for m in re.finditer(r"<p>(.*?)</p>", r.stdout, flags=re.S)]
-    if len(out) != len(snippets):
-        raise DocsError(f"pandoc gave {len(out)} formulas for {len(snippets)}")
-    bad = [f"${t}$" for (t, _), o in zip(snippets, out) if "<math" not in o]
-    if bad:  # pandoc leaves what it cannot read as LaTeX: the page would show it raw
-        raise DocsError(
-            f"pandoc cannot read the maths {', '.join(bad[:5])}: write it in LaTeX that pandoc (texmath) reads"
-        )
-    return [" ".join(o.split()) for o in out]
-
-
-import secrets
-
-SLOT_TAG = (
-    "SAOMATH" + secrets.token_hex(6).upper()
-)  # placeholders: plain words markdown leaves alone, unlike any page text
-
-
-def mathml_markdown(md: str, slots: dict | None = None) -> str:
-    "Markdown with its `$...$` / `$$...$$` maths (outside code) as MathML; with `slots`, inline maths as placeholders."
-    parts = CODE_RE.split(md)  # odd items: code, left alone
-    found = [
-        (m.group(1) or m.group(2), m.group(1) is not None)
-        for i, t in enumerate(parts)
-        if i % 2 == 0
-        for m in MATH_RE.finditer(t)
-    ]
-    if not found:
-        return md
-    it = iter(latex_to_mathml(found))
-
-    def inline(mathml):
-        if slots is None:
-            return mathml
-        key = f"{SLOT_TAG}X{len(slots):05d}Z"
-        slots[key] = mathml
-        return key
-
-    for i in range(0, len(parts), 2):
-        parts[i] = MATH_RE.sub(
-            lambda m: (
-                f'\n\n<div class="math-display">{next(it)}</div>\n\n' if m.group(1) is not None else inline(next(it))
-            ),
-            parts[i],
-        )
-    return "".join(parts)
-
-
-def mathml_nb(nb, slots: dict | None = None):
-    "Every markdown cell's (and markdown output's) maths as MathML, in place (inline maths into `slots`, if given)."
-    for c in nb.cells:
-        if c.cell_type == "markdown":
-            c.source = mathml_markdown(c.source, slots)
-        for o in c.get("outputs", []):
-            if "text/markdown" in o.get("data", {}):
-                o["data"]["text/markdown"] = mathml_markdown(o["data"]["text/markdown"], slots)
-    return nb
-
-
-def fill_maths(page: Path, slots: dict) -> Path:
-    "Put the inline MathML of `slots` into a written page, where nbconvert kept their placeholders."
-    slot_re = re.compile(SLOT_TAG + r"X\d{5}Z")
-    text = page.read_text(encoding="utf-8")
-    missing = [k for k in slots if k not in text]
-    if missing:
-        raise DocsError(f"{page.name}: {len(missing)} inline formulas lost by nbconvert ({missing[:3]})")
-    # in a tag's attributes (a heading's anchor) or the <title>, a formula is left out
-    text = re.sub(r"<title>.*?</title>|<[^<>]*>", lambda m: slot_re.sub("", m.group(0)), text, flags=re.S)
-    for key, mathml in slots.items():
-        text = text.replace(key, mathml)
-    page.write_text(text, encoding="utf-8")
-    return page
-
 # %% ../../nbs/75_report.docs.ipynb #f1e80fd4
 def build_docs(
     root=".",  # repository root (holds nbs/ and report/)
@@ -410,103 +302,6 @@ def build_docs(
     shutil.rmtree(work, ignore_errors=True)
     log(f"docs: wrote {len(written)} pages to {out}")
     return written
-
-# %% ../../nbs/75_report.docs.ipynb #a1d0c002
-README_NB = "nbs/index.ipynb"
-README_HEAD = (
-    "<!-- generated from nbs/index.ipynb by `sao-repro docs --readme`: edit the notebook, not this file -->\n\n"
-)
-
-
-def _root_link(m) -> str:
-    "A markdown link target relative to `nbs/`, made relative to the repository root."
-    target = m.group(2)
-    if re.match(r"[a-z][a-z0-9+.-]*:|#|/", target):
-        return m.group(0)
-    return f"{m.group(1)}({posixpath.normpath(posixpath.join('nbs', target))})"
-
-
-def readme_markdown(root=".") -> str:
-    "`README.md`'s text: the index notebook as saved (not re-run), as the docs site shows it, in markdown."
-    import nbformat
-    from nbconvert import MarkdownExporter
-    from traitlets.config import Config
-
-    nb, _ = tidy_doc_nb(nbformat.read(str(Path(root, README_NB)), as_version=4))
-    shell_cells(nb)  # `!cmd` as the shell command it is
-    cfg = Config()
-    cfg.TagRemovePreprocessor.enabled = True
-    cfg.TagRemovePreprocessor.remove_input_tags = {"remove_input"}
-    body, _ = MarkdownExporter(config=cfg).from_notebook_node(nb)
-    body = re.sub(r"(\])\(([^()\s]+)\)", _root_link, body.replace("\r\n", "\n"))
-    body = re.sub(r"[ \t]+$", "", body, flags=re.M)
-    return README_HEAD + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
-
-# %% ../../nbs/75_report.docs.ipynb #a1d0c004
-def run_index(root=".", log=print) -> Path:
-    "Run the index notebook and save its outputs (cleaned as `nbdev-clean` does), so the page shows what the commands print."
-    from nbdev.clean import nbdev_clean
-    from nbdev.test import test_nb
-
-    idx = Path(root, README_NB).resolve()
-    ok, secs = test_nb(idx, save=True)
-    if not ok:
-        raise RuntimeError(f"{idx} failed to run: its outputs were not saved")
-    nb = json.loads(idx.read_text(encoding="utf-8"))
-    for c in nb["cells"]:
-        for o in c.get("outputs", []):
-            if o.get("output_type") == "stream":
-                o["text"] = [t.replace("\r\n", "\n") for t in o["text"]]
-    idx.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    nbdev_clean(fname=str(idx))
-    log(f"docs: ran {idx.name} in {secs:.0f} s")
-    return idx
-
-
-def write_readme(root=".", execute=True, log=print) -> Path:
-    "Write `<root>/README.md` from the index notebook, running it first unless `execute` is False."
-    if execute:
-        run_index(root, log)
-    p = Path(root, "README.md")
-    p.write_text(readme_markdown(root), encoding="utf-8")
-    log(f"docs: wrote {p} ({len(p.read_text().splitlines())} lines) from {README_NB}")
-    return p
-
-
-def readme_problems(root=".") -> list[str]:
-    "Why `<root>/README.md` is not what the index notebook gives (empty list when it is)."
-    import difflib
-
-    p, want = Path(root, "README.md"), readme_markdown(root)
-    have = p.read_text(encoding="utf-8") if p.exists() else ""
-    if have == want:
-        return []
-    diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), "README.md", README_NB, lineterm="", n=0))
-    return [f"README.md differs from what {README_NB} gives: run `sao-repro docs --readme`"] + diff[2:12]
-
-# %% ../../nbs/75_report.docs.ipynb #a1d0c007
-README_SIDE = ".sao_readme.md"  # README.md's text, in nbdev's cache, for the readme render's pandoc filter
-
-
-class ReadmeText:
-    "An nbdev doc processor: on the readme notebook, write `README.md`'s text into nbdev's cache for the gfm filter."
-
-    def __init__(self, nb):
-        self.nb = nb
-
-    def begin(self):
-        from nbdev.config import get_config
-
-        src = Path(self.nb.get("path_", ""))
-        cfg = get_config(src.parent)  # the project the notebook belongs to, wherever the command runs
-        if not cfg.get("readme_nb") or src.name != Path(cfg.readme_nb).name:
-            return
-        side = cfg.config_path / "_proc" / README_SIDE
-        side.parent.mkdir(parents=True, exist_ok=True)
-        side.write_text(readme_markdown(cfg.config_path), encoding="utf-8")
-
-    def __call__(self, cell):
-        return None
 
 # %% ../../nbs/75_report.docs.ipynb #3dedc630
 def docs_main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 -- README.md as `sao-repro docs --readme` writes it, whenever Quarto renders nbs/index.ipynb to markdown.
 --
 -- nbdev-readme renders the readme notebook with `quarto render ... -t gfm`. Before that, nbdev's processing of the
--- notebook ran sao_repro.report.docs.ReadmeText, which wrote README.md's text into nbdev's cache as .sao_readme.md.
+-- notebook ran sao_repro.report.readme.ReadmeText, which wrote README.md's text into nbdev's cache as .sao_readme.md.
 -- This filter replaces the document with that text as one raw markdown block, which pandoc's markdown writers pass
 -- through unchanged: nbdev's README and `sao-repro docs --readme`'s are the same bytes. Other formats (the HTML
 -- docs) are left alone.
