@@ -21,7 +21,7 @@ from .files import write_atomic
 from .runlog import log_event
 
 # %% auto #0
-__all__ = ['SAMPLES_FILE', 'SAMPLES_FULL_EVENT', 'SAMPLE_KNOBS', 'SAMPLE_CSS', 'samples_help', 'check_sample_knobs',
+__all__ = ['SAMPLES_FILE', 'SAMPLES_FULL_EVENT', 'SAMPLE_KNOBS', 'SAMPLE_STYLE', 'samples_help', 'check_sample_knobs',
            'samples_due', 'pick_rows', 'verdict_of', 'sample_records', 'read_samples', 'trim_samples', 'SampleWriter',
            'masked_tokens', 'sample_text', 'sample_html', 'last_step_samples', 'samples_section']
 
@@ -289,11 +289,12 @@ def sample_text(
     return f"{head}\nprompt: {prompt[-500:]}\nresponse: {''.join(parts)}"
 
 
-SAMPLE_CSS = (
-    ".sao-sample{font-family:monospace;white-space:pre-wrap;word-break:break-all;margin:.4em 0}"
-    ".sao-sample .masked{background:#f8c9c9;text-decoration:line-through}"
-    ".sao-sample .obs{color:#888}.sao-sample .prompt{color:#555}"
-)
+SAMPLE_STYLE = {  # inline, so a sample looks the same in a notebook, the report's body or any page it is pasted in
+    "sample": "font-family:monospace;white-space:pre-wrap;word-break:break-all;margin:.4em 0",
+    "masked": "background:#f8c9c9;text-decoration:line-through",
+    "obs": "color:#888",
+    "prompt": "color:#555",
+}
 
 
 def sample_html(
@@ -310,13 +311,15 @@ def sample_html(
             break
         cls = "masked" if m else "" if t["loss_mask"][i] else "obs"
         title = f"ratio {_ratio(lp[i], t['behav_logp'][i])}, logp {lp[i]}, behav_logp {t['behav_logp'][i]}, version {t['version'][i]}"
-        spans.append(f'<span class="{cls}" title="{html.escape(title, quote=True)}">{html.escape(s)}</span>')
+        style = f' style="{SAMPLE_STYLE[cls]}"' if cls else ""
+        spans.append(f'<span class="{cls}"{style} title="{html.escape(title, quote=True)}">{html.escape(s)}</span>')
     prompt = rec.get("prompt") if rec.get("prompt") is not None else " ".join(map(str, rec.get("prompt_ids", [])))
     n_masked, n_gen = sum(masked), sum(t["loss_mask"])
     dis = f"{n_masked}/{n_gen} generated tokens masked by DIS" if t.get("dis_kept") is not None else "no DIS"
     head = html.escape(f"step {rec['step']}, row {rec['row']}: reward {rec['reward']} ({rec['verdict']}), {dis}")
     return (
-        f'<div class="sao-sample"><b>{head}</b><br><span class="prompt">{html.escape(str(prompt)[-500:])}</span>'
+        f'<div class="sao-sample" style="{SAMPLE_STYLE["sample"]}"><b>{head}</b><br>'
+        f'<span class="prompt" style="{SAMPLE_STYLE["prompt"]}">{html.escape(str(prompt)[-500:])}</span>'
         f"{''.join(spans)}</div>"
     )
 
@@ -340,7 +343,7 @@ def samples_section(
     max_tokens: int = 120,  # response tokens shown per sample
 ) -> str:
     "HTML: a few kept samples of each run, DIS-masked tokens marked, every text escaped (labels too)."
-    parts = [f"<style>{SAMPLE_CSS}</style>"]
+    parts = []
     for label, d in runs.items():
         recs = last_step_samples(d, per_run)
         parts.append(f"<h4>{html.escape(str(label))}</h4>")

@@ -4,6 +4,7 @@ for it with a note (`compare`) or refused (`run`), never recorded; the input fil
 its copy, recorded under the user's paths, and its run folder given the modes of a local one."""
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -57,8 +58,10 @@ def one_line(err: str) -> str:
 
 
 def modes(d) -> dict:
+    "Each file's mode by its path in the run folder (TensorBoard's event files by folder: their names hold time and host)."
     d = Path(d)
-    return {p.relative_to(d).as_posix(): p.stat().st_mode & 0o777 for p in [d, *d.rglob("*")]}
+    key = lambda p: re.sub(r"events\.out\.tfevents\..*$", "events.out.tfevents.*", p.relative_to(d).as_posix())
+    return {key(p): p.stat().st_mode & 0o777 for p in [d, *d.rglob("*")]}
 
 
 # ---------------------------------------------------------------- run

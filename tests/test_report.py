@@ -167,8 +167,8 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
     assert (
-        len(lines) == 10
-    )  # accuracy, headline, numbers, per run, DIS, mismatch, critic, health, distance, manifests (design / reference name their sources)
+        len(lines) == 11
+    )  # accuracy, headline, numbers, per run, DIS, mismatch, kept samples, critic, health, distance, manifests (design / reference name their sources)
     assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
     named = [
         {
@@ -179,8 +179,9 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
         for line in lines
     ]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert named[0] == named[1] == named[2] == named[3] == named[5] == named[7] == named[8] == named[9] == every
-    assert named[4] == named[6] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
+    assert all(named[i] == every for i in (0, 1, 2, 3, 5, 8, 9, 10))
+    assert named[4] == named[7] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
+    assert named[6] == {(s, "0") for s in SETTINGS}  # kept samples: one run per backend and setting
     assert html.count("sao-repro report --runs") >= 9
     assert 'id="health-table"' in html
     assert "sao-repro run --setting sao --seed 1 --steps 60" in html
@@ -604,7 +605,7 @@ def test_report_shows_kept_samples_escaped(rendered, runs):
 
     html = (rendered / "math_hard_report.html").read_text()
     assert "Kept samples" in html
-    assert html.count('<div class="sao-sample">') == 2 * len(SETTINGS)  # 2 rows of one run per setting
+    assert html.count('<div class="sao-sample" ') == 2 * len(SETTINGS)  # 2 rows of one run per setting
     for s in SETTINGS:
         recs = last_step_samples(runs / "mini" / s / "seed0")
         assert [r["step"] for r in recs] == [STEPS] * 2  # default knobs: step 1 and every 10th
