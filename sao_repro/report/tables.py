@@ -135,7 +135,11 @@ def _band_label(spec: dict, config: dict | None = None) -> str:
 
 
 def _critic_text(spec: dict) -> str:
-    return f"K={spec.get('critic_k', '?')}" if spec.get("critic") else "-"
+    "`K=2`, with `, attention frozen` for a frozen-attention critic; `-` without a critic."
+    if not spec.get("critic"):
+        return "-"
+    frozen = spec.get("critic_freeze", "none")
+    return f"K={spec.get('critic_k', '?')}" + ("" if frozen == "none" else f", {frozen} frozen")
 
 # %% ../../nbs/70_report.tables.ipynb #87c90bca
 def design_table(
