@@ -120,8 +120,11 @@ def settings_main(argv: list[str] | None = None) -> int:
     from sao_repro.settings import get_setting, list_settings, setting_yaml, write_setting_yamls
     from sao_repro.dis import DIS_BAND_PRESETS, band_label, dis_band
 
-    p = argparse.ArgumentParser(prog="sao-repro settings", description="List the compared settings.")
-    p.add_argument("names", nargs="*", help="settings to show (default: all)")
+    p = argparse.ArgumentParser(
+        prog="sao-repro settings",
+        description="List the registered settings: the five compared ones, then the paper's ablation arms.",
+    )
+    p.add_argument("names", nargs="*", help="settings to show (default: all, the ablation arms marked)")
     p.add_argument("--yaml", action="store_true", help="print each setting as the YAML in configs/settings/")
     p.add_argument(
         "--write-yaml",
@@ -142,12 +145,16 @@ def settings_main(argv: list[str] | None = None) -> int:
     if a.yaml:
         print("\n---\n".join(setting_yaml(s) for s in settings))
         return 0
-    print(f"{'setting':<13} {'G':>2} {'critic':<7} {'DIS band':<20} {'advantage':<13} role")
+    print(f"{'setting':<13} {'group':<11} {'G':>2} {'critic':<17} {'DIS band':<20} {'advantage':<13} role")
     for s in settings:
         band = band_label(s.band, s.dis_preset)
-        print(
-            f"{s.name:<13} {s.group_size:>2} {f'K={s.critic_k}' if s.critic else '-':<7} {band:<20} {s.advantage:<13} {s.role}"
+        critic = (
+            f"K={s.critic_k}"
+            + (f", {s.critic_freeze.replace('attention', 'attn')} frozen" if s.critic_freeze != "none" else "")
+            if s.critic
+            else "-"
         )
+        print(f"{s.name:<13} {s.group:<11} {s.group_size:>2} {critic:<17} {band:<20} {s.advantage:<13} {s.role}")
     from dataclasses import fields
     from sao_repro.settings import KNOB_CHECKS, Setting
 

@@ -1,4 +1,4 @@
-"""SAO and the four settings it is compared with, as frozen dataclasses in one registry.
+"""SAO, the four settings it is compared with and the paper's ablation arms, as frozen dataclasses in one registry.
 
 Docs: https://sao-repro.github.io/sao-repro/settings.html.md"""
 
@@ -7,7 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/settings.html.md"""
 # %% ../nbs/15_settings.ipynb #0bb51524
 from __future__ import annotations
 import hashlib
-from dataclasses import dataclass, field, fields, asdict
+from dataclasses import dataclass, field, fields, asdict, replace
 from pathlib import Path
 import yaml
 from .core import Registry
@@ -15,11 +15,14 @@ from .dis import dis_band, dis_preset, band_preset_name, DIS_CONVENTIONS
 from .advantages import list_advantages
 
 # %% auto #0
-__all__ = ['KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'knob_help', 'check_knob',
-           'register_setting', 'list_settings', 'get_setting', 'setting_color', 'load_setting_yaml', 'setting_yaml',
-           'write_setting_yamls']
+__all__ = ['SETTING_GROUPS', 'KNOB_CHECKS', 'SETTINGS', 'DIS', 'SETTING_COLORS', 'EXTRA_COLORS', 'Setting', 'knob_help',
+           'check_knob', 'register_setting', 'list_settings', 'get_setting', 'register_arm', 'setting_color',
+           'load_setting_yaml', 'setting_yaml', 'write_setting_yamls']
 
 # %% ../nbs/15_settings.ipynb #a5826548
+SETTING_GROUPS = ("comparison", "ablation")  # the five compared settings; the paper's ablation arms
+
+
 @dataclass(frozen=True)
 class Setting:
     "One compared setting. Every field maps to a config key of the same name."
@@ -65,8 +68,17 @@ class Setting:
             "help": "whiten policy advantages per batch (mean / std over action tokens) after the critic's returns are taken"
         },
     )
+    group: str = field(
+        default="comparison",
+        metadata={
+            "help": "'comparison': one of the five compared settings (`sao-repro compare`, `rehearse --setting all`, the report's main tables); 'ablation': an arm of the paper's ablation table (configs/sweeps/paper_ablations.yaml)",
+            "choices": SETTING_GROUPS,
+        },
+    )
 
     def __post_init__(self):
+        if self.group not in SETTING_GROUPS:
+            raise ValueError(f"setting {self.name!r}: group={self.group!r}; use one of {', '.join(SETTING_GROUPS)}")
         if self.group_size < 1:
             raise ValueError(f"setting {self.name!r}: group_size must be >= 1, got {self.group_size}")
         if self.advantage not in list_advantages():
@@ -233,9 +245,13 @@ def register_setting(s: Setting) -> Setting:
     return SETTINGS.add(s.name, s)
 
 
-def list_settings() -> list[str]:
-    "Registered setting names, in the comparison's order."
-    return SETTINGS.names()
+def list_settings(
+    group: str | None = None,  # 'comparison' (the five compared settings), 'ablation' (the paper's arms); None: all
+) -> list[str]:
+    "Registered setting names in registration order (the comparison's five first, then the ablation arms), or one group's."
+    if group is not None and group not in SETTING_GROUPS:
+        raise ValueError(f"group={group!r}: use one of {', '.join(SETTING_GROUPS)} (or None for every setting)")
+    return [n for n in SETTINGS.names() if group is None or SETTINGS.lookup(n).group == group]
 
 
 def get_setting(name: str) -> Setting:
@@ -283,6 +299,31 @@ register_setting(
     )
 )
 
+# %% ../nbs/15_settings.ipynb #9e5355d7
+def register_arm(
+    name: str,  # the arm's registry name
+    role: str,  # what the arm isolates
+    **changes,  # the fields in which it differs from `sao`
+) -> Setting:
+    "Register an ablation arm of the paper: `sao` with `changes`, in the 'ablation' group."
+    return register_setting(replace(get_setting("sao"), name=name, role=role, group="ablation", **changes))
+
+
+register_arm(
+    "vapo",
+    "paper ablation, isolates DIS inside SAO: sao's critic (K=2, skip-obs GAE, adaptive lambda) without DIS "
+    "(the paper's 'no DIS, vanilla VAPO' row)",
+    dis_band=None,
+    dis_preset=None,
+)
+register_arm("sao_k1", "paper ablation: sao with one critic pass per step (the paper's 'K=1' row)", critic_k=1)
+register_arm(
+    "sao_frozen",
+    "the paper's critic: sao with its critic's attention frozen (only MLP and value head train); "
+    "against sao, the paper's 'no frozen attention' row",
+    critic_freeze="attention",
+)
+
 # %% ../nbs/15_settings.ipynb #0e2076b8
 SETTING_COLORS = {
     "sao": "#d62728",
@@ -290,6 +331,9 @@ SETTING_COLORS = {
     "grpo_dis": "#2ca02c",
     "running_mean": "#9467bd",
     "single_dis": "#ff7f0e",
+    "vapo": "#8c6d31",  # the ablation arms: sao's red family and a dark gold
+    "sao_k1": "#ff9896",
+    "sao_frozen": "#843c39",
 }
 EXTRA_COLORS = ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 

@@ -359,6 +359,25 @@ def test_settings_match_the_design_table():
     assert {x.prompts_per_step(512) * x.group_size for x in s.values()} == {512}
     with pytest.raises(ValueError, match="sao, grpo, grpo_dis, running_mean, single_dis"):
         get_setting("ppo")
+    with pytest.raises(ValueError, match="comparison, ablation"):
+        list_settings("arms")
+
+
+def test_settings_command_lists_the_ablation_arms_marked(capsys):
+    "`sao-repro settings`: the five compared settings, then the paper's three arms, each marked by its group."
+    from sao_repro.settings import SETTING_COLORS
+
+    assert settings_main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {l.split()[0]: l.split()[1] for l in lines[1:9]}
+    assert rows == {
+        **dict.fromkeys(list_settings("comparison"), "comparison"),
+        **dict.fromkeys(["vapo", "sao_k1", "sao_frozen"], "ablation"),
+    }
+    assert list(rows) == list_settings()
+    assert len({SETTING_COLORS[s] for s in list_settings()}) == 8  # one colour each, in the report and the monitor
+    with pytest.raises(ValueError, match="group='arm'"):
+        type(get_setting("sao"))("x", group="arm")
 
 
 def test_core_masked_ops_ignore_junk():

@@ -32,6 +32,7 @@ from sao_repro.areal.config import (
     SAOSection,
     load_sao_config,
     setting_mismatches,
+    config_dict,
     config_yaml,
 )
 from sao_repro.areal.ppo_trainer import SAOPPOActor, SAOPPOCritic
@@ -47,6 +48,9 @@ SETTING_FILES = {
     "grpo_dis": "phase2_hard_grpo_dis.yaml",
     "running_mean": "phase2_hard_running_mean.yaml",
     "single_dis": "phase2_hard_grpo_dis_g1.yaml",
+    "vapo": "phase2_hard_vapo.yaml",  # the paper's ablation arms
+    "sao_k1": "phase2_hard_sao_k1.yaml",
+    "sao_frozen": "phase2_hard_sao_frozen.yaml",
 }
 
 
@@ -80,6 +84,47 @@ def test_setting_config_loads_through_areal_and_matches_registry(setting):
     assert cfg.actor.path.endswith("Qwen3-4B-Instruct-2507")
     assert cfg.total_train_steps == 1000
     assert (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node) == (3, 8)
+
+
+def test_ablation_arm_configs_are_sao_less_one_component():
+    """Each arm's cluster config resolves to phase2_hard_sao.yaml but for the keys of its one component (and its
+    name); a run that drops the component is refused, naming the key."""
+    from sao_repro.areal.launch import SETTING_CONFIGS
+
+    assert set(list_settings()) <= set(SETTING_CONFIGS) and all(
+        (CONFIGS / f).is_file() for f in SETTING_CONFIGS.values()
+    )
+
+    def flat(d, pre=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) and v else {f"{pre}{k}": v})
+        return out
+
+    sao = flat(config_dict(load("phase2_hard_sao.yaml")))
+    named = {"sao.setting", "sao.run_dir", "trial_name"} | {k for k in sao if k.endswith(".trial_name")}
+    named |= {k for k in sao if "tensorboard" in k or k.endswith(".path") and "runs" in str(sao[k])}
+    for arm, want in {
+        "vapo": {"actor.use_decoupled_loss": False, "actor.recompute_logprob": False, "actor.rejection_sampling": None},
+        "sao_k1": {"sao.critic_k": 1},
+        "sao_frozen": {"sao.critic_freeze": "attention"},
+    }.items():
+        cfg = flat(config_dict(load(SETTING_FILES[arm])))
+        assert cfg["sao.setting"] == arm and cfg["trial_name"] == f"{arm}_s1"
+        gone = object()  # a key one side lacks
+        diff = {k: cfg.get(k) for k in set(cfg) | set(sao) if cfg.get(k, gone) != sao.get(k, gone) and k not in named}
+        diff = {k: v for k, v in diff.items() if not k.startswith("actor.rejection_sampling.")}
+        assert diff == want, (arm, diff)
+    with pytest.raises(ValueError, match="sao.critic_freeze is 'none'; setting 'sao_frozen' needs 'attention'"):
+        load("phase2_hard_sao_frozen.yaml", "sao.critic_freeze=none")
+    with pytest.raises(ValueError, match="sao.critic_k is 2; setting 'sao_k1' needs 1"):
+        load("phase2_hard_sao_k1.yaml", "sao.critic_k=2")
+    with pytest.raises(ValueError, match="actor.rejection_sampling"):
+        load(
+            "phase2_hard_vapo.yaml",
+            "actor.rejection_sampling={level:token,action:mask,metric:ratio,lower:0.3,upper:5.0}",
+        )
+    assert load("phase2_hard_sao_frozen.yaml").sao.effective_setting() == get_setting("sao_frozen")
 
 
 def test_trajectories_per_step_equal_across_settings():

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sao_repro.settings import list_settings
+
 from sao_repro.areal.launch import (
     classify_gpus,
     run_preflight,
@@ -229,7 +231,7 @@ def test_compare_runs_all_five_skips_finished_and_summarises(tmp_path, monkeypat
     (done / "events.log").write_text("2026-01-01T00:00:00\tstart\t{}\n2026-01-01T09:00:00\tfinish\t{}\n")
     assert is_finished(done)
     rec, out = Recorder(), io.StringIO()
-    configs = [str(ROOT / "configs" / SETTING_CONFIGS[s]) for s in SETTING_CONFIGS]
+    configs = [str(ROOT / "configs" / SETTING_CONFIGS[s]) for s in list_settings("comparison")]
     summary = tmp_path / "summary.json"
     rc = launch_main(
         ["--skip-finished", "--no-preflight", "--summary-json", str(summary), "--dotenv", "none", *configs],
@@ -311,7 +313,7 @@ def test_scripts_dry_run_through_the_cli(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("] train: ") == 5 and "summary" in r.stdout
-    for setting in SETTING_CONFIGS:
+    for setting in list_settings("comparison"):
         assert f"(setting {setting}, seed 9)" in r.stdout
 
 

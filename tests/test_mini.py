@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sao_repro.settings import list_settings
+from sao_repro.settings import get_setting, list_settings
 from sao_repro.mini.task import TaskConfig, answer_reward, eval_problems, sample_problems
 from sao_repro.mini.train import MiniTrainer, NonFiniteError, checkpoints, read_metrics, train_run
 from sao_repro.metrics import run_flags
@@ -51,9 +51,10 @@ def test_task_schema_split_and_reward():
 
 
 # ---------------------------------------------------------------- smoke run of every setting
-@pytest.mark.parametrize("setting", list_settings())
+@pytest.mark.parametrize("setting", list_settings())  # the comparison's five and the paper's ablation arms
 def test_smoke_run_every_setting(setting, tmp_path):
-    steps = 13 if setting == "sao" else 4  # sao: 10 critic-only warmup steps first
+    warmup = get_setting(setting).warmup_steps
+    steps = warmup + 3 if warmup else 4  # sao and its arms: 10 critic-only warmup steps first
     cfg = smoke_cfg(setting, tmp_path, steps=steps)
     before = {k: v.clone() for k, v in torch.load(_start_weights(cfg), weights_only=True).items()}
     d = train_run(cfg, log=None)
@@ -66,7 +67,7 @@ def test_smoke_run_every_setting(setting, tmp_path):
         assert 0.0 <= m["acc"] <= 1.0
         assert m["rollout/policy_lag"] == min(3, m["step"] - 1)
     assert any("eval/acc" in m for m in ms)
-    if setting == "sao":
+    if get_setting(setting).critic:
         assert all("critic/value_loss" in m and "critic/explained_var" in m for m in ms)
         assert [m["actor/updated"] for m in ms] == [0] * 10 + [1] * 3
     # the policy moved away from the shared warm start
@@ -384,6 +385,38 @@ def test_adv_whiten_leaves_the_critic_loss_identical(tmp_path):
     )
     assert abs(out[False]["adv/std"] - 1.0) > 1e-2  # the unwhitened advantages were not already whitened
     assert out[True]["actor/loss"] != out[False]["actor/loss"]
+
+
+# ---------------------------------------------------------------- the paper's ablation arms
+
+
+def test_ablation_arms_are_sao_less_one_component(tmp_path):
+    """vapo, sao_k1 and sao_frozen differ from sao in one field each, and the testbed realises it: vapo masks no
+    token and keeps no DIS band, sao_k1 takes one critic pass per step, sao_frozen's critic keeps its attention."""
+    import sao_repro.mini.train as MT
+    from dataclasses import asdict
+
+    sao = asdict(get_setting("sao"))
+    diff = {
+        s: {k: v for k, v in asdict(get_setting(s)).items() if sao[k] != v and k not in ("name", "role", "group")}
+        for s in list_settings("ablation")
+    }
+    assert diff == {
+        "vapo": {"dis_band": None, "dis_preset": None},
+        "sao_k1": {"critic_k": 1},
+        "sao_frozen": {"critic_freeze": "attention"},
+    }
+    assert list_settings("comparison") == ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]
+    trainers = {s: MT.MiniTrainer(smoke_cfg(s, tmp_path / s, warmup_steps=1), log=None) for s in diff}
+    assert [trainers[s].critic.k_passes for s in diff] == [2, 1, 2]
+    crit = trainers["sao_frozen"].critic
+    before = {n: p.detach().clone() for n, p in crit.model.named_parameters()}
+    assert crit.frozen and not trainers["sao_k1"].critic.frozen and not trainers["vapo"].critic.frozen
+    for _ in range(3):  # one critic-only step, then two with a policy update
+        ms = {s: tr.train_step() for s, tr in trainers.items()}
+    assert all(torch.equal(before[n], p) for n, p in crit.model.named_parameters() if n in crit.frozen)
+    assert trainers["vapo"].setting.band is None and ms["vapo"]["dis/kept_frac"] == 1.0
+    assert all(m["actor/updated"] == 1 for m in ms.values())
 
 
 # ---------------------------------------------------------------- knobs: frozen-attention critic

@@ -51,6 +51,32 @@ def test_unknown_setting_is_refused(tmp_path):
     p = cli("--setting", "ppo", "--out", str(tmp_path))
     assert p.returncode == 2 and "use one of sao, grpo" in p.stderr
     assert list(tmp_path.iterdir()) == []
+    p = cli("--setting", "sao,ppo", "--out", str(tmp_path))
+    assert p.returncode == 2 and "'ppo': unknown" in p.stderr and "ablations" in p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_setting_words_name_the_comparison_and_the_ablation_arms():
+    "--setting all is the five compared settings, ablations the paper's arms; names and words join with commas, each once."
+    assert (
+        R.rehearsal_settings("all")
+        == list_settings("comparison")
+        == ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]
+    )
+    assert R.rehearsal_settings("ablations") == ["vapo", "sao_k1", "sao_frozen"]
+    assert R.rehearsal_settings("sao,vapo") == ["sao", "vapo"]
+    assert R.rehearsal_settings("vapo, all") == ["vapo", *list_settings("comparison")]
+    assert R.rehearsal_settings("sao,sao") == ["sao"]
+    p = R.plan(
+        "sao_frozen", Path("assets"), "out"
+    )  # its cluster config freezes the critic; the flag's default keeps it
+    assert p.cmd[p.cmd.index("--config") + 1].endswith("configs/phase2_hard_sao_frozen.yaml")
+    assert not any(o.startswith("sao.critic_freeze") for o in p.overrides)
+    assert [R._critic_freeze(f, s) for f, s in [("none", "sao_frozen"), ("none", "vapo"), ("attention", "grpo")]] == [
+        "attention",
+        "none",
+        "none",
+    ]
 
 
 def test_busy_port_is_refused(tmp_path):
@@ -117,15 +143,20 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
 # ---------------------------------------------------------------- the five settings through AReaL's trainer
 
 
+REHEARSED = [*list_settings("comparison"), "vapo"]  # the fixture's settings: the five, and the paper's DIS ablation
+LONG = ("sao", "vapo")  # run to 12 steps, past their 10 critic-only warmup steps
+
+
 @pytest.fixture(scope="module")
 def rehearsed(tmp_path_factory):
-    "All five settings for 3 steps through real vLLM (float32), then sao resumed to 12 (past its 10 warmup steps); sao's critic has its attention frozen."
+    """All five settings for 3 steps through real vLLM (float32), then sao resumed to 12 (past its 10 warmup steps)
+    beside vapo's 12 from the start, on that call's one server; sao's and vapo's critics have their attention frozen."""
     if NO_VLLM:
         pytest.skip(NO_VLLM)
     out = tmp_path_factory.mktemp("rehearsal")
     p = cli("--setting", "all", "--steps", "3", "--out", str(out), "--critic-freeze", "attention")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    p = cli("--setting", "sao", "--steps", "12", "--out", str(out), "--resume", "--critic-freeze", "attention")
+    p = cli("--setting", "sao,vapo", "--steps", "12", "--out", str(out), "--resume", "--critic-freeze", "attention")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out
 
@@ -137,7 +168,7 @@ def run_dir(out, setting):
 @needs_areal
 @pytest.mark.slow
 def test_every_setting_completes_with_equal_trajectories(rehearsed):
-    for s in list_settings():
+    for s in REHEARSED:
         d = run_dir(rehearsed, s)
         cfg = json.loads((d / "config.json").read_text())
         G = get_setting(s).group_size
@@ -146,10 +177,26 @@ def test_every_setting_completes_with_equal_trajectories(rehearsed):
         assert cfg["vllm"]["dtype"] == "float32" and cfg["rehearsal"]["logprob_noise"] == 0.0
         assert events(d)[-1] == "finish" and (d / "main.log").stat().st_size > 0
         steps = [r["step"] for r in rows(d)]
-        assert steps == list(range(1, len(steps) + 1)) and len(steps) == (12 if s == "sao" else 3)
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) == (12 if s in LONG else 3)
         # AReaL's own count of the sequences the actor trained on: 16 trajectories per step in every setting
         trained = [r["areal/ppo_actor/n_seqs"] for r in rows(d) if r["actor/warmup"] == 0.0]
-        assert trained == [16.0] * (2 if s == "sao" else 3), (s, trained)
+        assert trained == [16.0] * (2 if s in LONG else 3), (s, trained)
+
+
+@needs_areal
+@pytest.mark.slow
+def test_vapo_trains_sao_critic_without_dis_through_vllm(rehearsed):
+    "vapo through AReaL's trainer and real vLLM: sao's warmup and K=2 critic passes, then policy updates with no DIS band."
+    d = run_dir(rehearsed, "vapo")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["sao"]["setting"] == "vapo" and cfg["actor"]["rejection_sampling"] is None
+    assert cfg["actor"]["use_decoupled_loss"] is False and cfg["rehearsal"]["engine"] == "vllm"
+    rs = rows(d)
+    assert [r["actor/warmup"] for r in rs] == [1.0] * 10 + [0.0] * 2
+    for r in rs[10:]:
+        assert r["areal/ppo_critic/n_valid_tokens"] == 2 * r["areal/ppo_actor/n_valid_tokens"]
+    assert all("dis/masked_frac" not in r and BIW + "min" not in r for r in rs)  # no band, no importance weights
+    assert "resume" not in events(d) and events(d)[-1] == "finish"  # started fresh by the resuming call
 
 
 @needs_areal
@@ -213,6 +260,7 @@ def test_dis_masks_exactly_what_areal_masked(rehearsed):
             checked += 1
         assert checked >= 2, s
     masked = [r["dis/masked_frac"] for s in ("grpo_dis", "single_dis") for r in rows(run_dir(rehearsed, s))]
+    assert all("dis/masked_frac" not in r for r in rows(run_dir(rehearsed, "vapo")))
     assert max(masked) == 0.0  # vLLM in float32 samples from the trainer's own policy: nothing to mask
     assert all("dis/masked_frac" not in r for s in ("grpo", "running_mean") for r in rows(run_dir(rehearsed, s)))
 
@@ -265,7 +313,7 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
     """Rollout ahead of training is the rehearsal's default, whatever the load: the first batch is of the initial weights,
     every later one holds tokens 1..max_head_offpolicyness versions old (from the runs' own mismatch/lag_max), and the
     decoupled loss's importance weights and DIS's ratios act on them (they differ from 1)."""
-    for s in list_settings():
+    for s in REHEARSED:
         d = run_dir(rehearsed, s)
         assert json.loads((d / "config.json").read_text())["sao"]["rollout_ahead"] is True
         ahead = [
@@ -274,7 +322,7 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
             if l.split("\t")[1] == "rollout_ahead"
         ]
         assert ahead and all(a["applied"] and a["max_head_offpolicyness"] == ETA for a in ahead), (s, ahead)
-        rs = rows(d)[:3]  # the first call's 3 steps (sao's resume to 12 starts a new process: its lag restarts at 0)
+        rs = rows(d)[:3]  # a call's first 3 steps (sao's resume to 12 starts a new process: its lag restarts at 0)
         assert [lag(r) for r in rs] == [0.0, 1.0, float(ETA)], (s, [lag(r) for r in rs])  # the whole window is used
         assert all(lag(r) <= ETA for r in rows(d)), s
     for s in (
@@ -296,7 +344,7 @@ def test_rollout_runs_ahead_by_max_head_offpolicyness_and_dis_acts_on_old_tokens
 @needs_areal
 @pytest.mark.slow
 def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed):
-    for s in list_settings():
+    for s in REHEARSED:
         rs = rows(run_dir(rehearsed, s))
         check_engine_agrees(rs, measured=recomputes(s))
         if s in ("grpo_dis", "single_dis"):
@@ -308,7 +356,7 @@ def test_vllm_logprobs_equal_the_trainers_and_weights_are_never_stale(rehearsed)
     # a weight update landing mid-generation (pause / continue: aborted, resubmitted) depends on the load here; each
     # segment's version is checked deterministically against AReaL's own agenerate in tests/test_areal_guards.py
     log = (rehearsed / "areal" / "vllm_server.log").read_text()
-    assert log.count("starting the vLLM server") == 2  # one for the five settings, one for the sao resume
+    assert log.count("starting the vLLM server") == 2  # one for the five settings, one for the sao resume and vapo
 
 
 @needs_areal
@@ -482,7 +530,7 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
     finally:
         srv.shutdown()
     runs = runs.get("runs", runs) if isinstance(runs, dict) else runs
-    assert len(runs) == 5
+    assert len(runs) == len(REHEARSED)  # the five and vapo
     assert all(r["flags"]["finished"] for r in runs), runs
     p = subprocess.run(
         [
@@ -502,7 +550,7 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     html = next((tmp_path / "rep").rglob("*.html")).read_text()
-    assert all(s in html for s in list_settings())
+    assert all(s in html for s in REHEARSED)
 
 
 @needs_areal

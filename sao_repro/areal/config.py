@@ -264,6 +264,8 @@ def setting_mismatches(
         need("sao.critic_k", cfg.sao.critic_k, s.critic_k)
         need("sao.warmup_steps", cfg.sao.warmup_steps, s.warmup_steps)
         need("sao.critic_lambda", cfg.sao.critic_lambda, s.critic_lambda)
+    if s.critic and get_setting(s.name).critic_freeze != "none":  # a setting defined by its frozen critic (sao_frozen)
+        need("sao.critic_freeze", cfg.sao.critic_freeze, get_setting(s.name).critic_freeze)
     if not s.critic:
         need("sao.critic_freeze", cfg.sao.critic_freeze, "none")
         need("sao.critic_init", cfg.sao.critic_init, "")

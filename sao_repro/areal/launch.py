@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from ..files import repo_dir
+from ..settings import list_settings
 from ..runlog import note_exit, read_events
 from ..signals import ExitOn
 
@@ -513,12 +514,8 @@ def launch_main(argv: list[str] | None = None, run=subprocess.run, out=None) -> 
 
 # %% ../../nbs/41_areal.launch.ipynb #5357d42d
 SETTING_CONFIGS = {
-    "sao": "phase2_hard_sao.yaml",
-    "grpo": "phase2_hard_grpo.yaml",
-    "grpo_dis": "phase2_hard_grpo_dis.yaml",
-    "running_mean": "phase2_hard_running_mean.yaml",
-    "single_dis": "phase2_hard_single_dis.yaml",
-}
+    s: f"phase2_hard_{s}.yaml" for s in list_settings()
+}  # one per registered setting: the comparison's five, then the paper's ablation arms
 # the reference implementation's name for single_dis: configs/phase2_hard_grpo_dis_g1.yaml loads the same config
 CONFIG_ALIASES = {"phase2_hard_grpo_dis_g1.yaml": "phase2_hard_single_dis.yaml"}
 

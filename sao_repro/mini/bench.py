@@ -123,7 +123,7 @@ def bench_steps(
 ) -> list[dict]:
     "Median s/step of each setting, its floor, and the baseline's s/step measured alternately; prints a table."
     rows = []
-    for s in settings or list_settings():
+    for s in settings or list_settings("comparison"):
         args = [json.dumps({**STUDY_OPTIONS[family], **(extra or {}), "setting": s}), steps, warm]
         mine, base = [], []
         for _ in range(rounds):
@@ -209,7 +209,11 @@ def bench_parser() -> argparse.ArgumentParser:
         help="task family and its study options (default chain)",
     )
     p.add_argument(
-        "--settings", nargs="+", default=None, choices=list_settings(), help="settings to time (default all)"
+        "--settings",
+        nargs="+",
+        default=None,
+        choices=list_settings(),
+        help="settings to time (default: the five compared settings)",
     )
     p.add_argument("--steps", type=int, default=30, help="timed training steps per setting (default 30)")
     p.add_argument(

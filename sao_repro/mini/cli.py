@@ -433,7 +433,12 @@ def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke
 class CompareCommand:
     "`sao-repro compare`'s own options; its run options are the fields of `MiniRunConfig` (but setting and seed)."
 
-    settings: list[str] = field(default_factory=list_settings, metadata={"help": "settings to compare"})
+    settings: list[str] = field(
+        default_factory=lambda: list_settings("comparison"),
+        metadata={
+            "help": "settings to compare (default: the five compared settings; the paper's ablation arms by name)"
+        },
+    )
     seeds: int = field(default=1, metadata={"help": "seeds 0..N-1 per setting"})
     jobs: int = field(default=2, metadata={"help": "runs executed side by side (one per core)"})
     window: int = field(default=50, metadata={"help": "start/end window in steps for the summary"})

@@ -14,13 +14,14 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from .runfolder import read_metrics
+from ..settings import list_settings
 from ..stats import SCALED_MIN_SEEDS, fmt_ci, fmt_interval, iqm_ci, mean_ci, paired_effect, prob_improvement
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'KNOB_DIAGNOSTICS', 'RESOLVE_MAX_SEEDS', 'run_windows', 'summarize', 'format_summary', 'point_summary',
-           'json_ready', 'format_results', 'phenomena', 'format_phenomena', 'forms_side_by_side', 'format_forms',
-           'knob_effects', 'format_knob_effects', 'format_scaled', 'study_tables', 'seeds_to_resolve', 'what_resolves',
-           'study_table']
+__all__ = ['EFFECT_PAIRS', 'ABLATIONS', 'KNOB_DIAGNOSTICS', 'RESOLVE_MAX_SEEDS', 'run_windows', 'summarize', 'format_summary',
+           'ablation_rows', 'point_summary', 'json_ready', 'format_results', 'phenomena', 'format_phenomena',
+           'forms_side_by_side', 'format_forms', 'knob_effects', 'format_knob_effects', 'format_scaled',
+           'format_ablations', 'study_tables', 'seeds_to_resolve', 'what_resolves', 'study_table']
 
 # %% ../../nbs/31_mini.summary.ipynb #607c3e79
 def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
@@ -87,6 +88,14 @@ EFFECT_PAIRS = (
     ("critic", "sao", "single_dis"),
     ("method", "sao", "grpo"),
 )
+# the paper's ablation rows (its Table 4) as pairs A - B of settings, A with the component the row removes, B without:
+# a sweep holding an ablation arm (sao_repro.settings.list_settings("ablation")) gets one row per pair it holds
+ABLATIONS = (
+    ("no DIS (vanilla VAPO)", "sao", "vapo"),
+    ("K=1", "sao", "sao_k1"),
+    ("no frozen attention", "sao_frozen", "sao"),
+    ("running mean", "sao", "running_mean"),
+)
 
 # %% ../../nbs/31_mini.summary.ipynb #c2f147c4
 def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
@@ -99,6 +108,26 @@ def _heldout_change(root: Path, s: str, seeds, window: int) -> tuple[float, floa
     "Held-out accuracy, end window minus the first evaluation: mean and 95% CI over seeds."
     first, end = _ends(root, s, seeds, window, "eval_first"), _ends(root, s, seeds, window, "eval_end")
     return mean_ci([end[k] - first[k] for k in sorted(set(first) & set(end))])[:2]
+
+
+def ablation_rows(
+    root: Path,  # a runs folder: <root>/mini/<setting>/seed<k>/
+    settings: list[str],
+    seeds: list[int],
+    window: int = 50,
+) -> list[dict]:
+    "One row per `ABLATIONS` pair among `settings` (none without an ablation arm): A - B of end accuracy, paired by seed."
+    if not set(settings) & set(list_settings("ablation")):
+        return []
+    rows = []
+    for row, a, b in ABLATIONS:
+        if a in settings and b in settings:
+            r = {"row": row, "pair": f"{a} - {b}"}
+            for part, name in (("end", "online"), ("eval_end", "heldout")):
+                m, h, n = paired_effect(*(_ends(Path(root), x, seeds, window, part) for x in (a, b)))
+                r.update({name: m, f"{name}_ci": h, f"{name}_n": n, f"{name}_verdict": _verdict(m, h)})
+            rows.append(r)
+    return rows
 
 
 def point_summary(
@@ -126,7 +155,8 @@ def point_summary(
                 xa, xb = (_ends(root, x, seeds, window, part).values() for x in (a, b))
                 e[name], e[f"{name}_lo"], e[f"{name}_hi"], _ = prob_improvement(xa, xb)
             effects.append(e)
-    return {"settings": rows, "effects": effects}
+    abl = ablation_rows(root, settings, seeds, window)
+    return {"settings": rows, "effects": effects, **({"ablations": abl} if abl else {})}
 
 
 def json_ready(x):
@@ -453,6 +483,56 @@ def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
             )
     return "\n".join(out)
 
+# %% ../../nbs/31_mini.summary.ipynb #aeb9feea
+def format_ablations(res: dict) -> str:
+    "Markdown of a sweep's `ablation_rows` per point ('' when it holds no ablation arm); the paper's numbers are not here."
+    if not any(p.get("ablations") for p in res["points"]):
+        return ""
+
+    def to_resolve(r, part):
+        if r[f"{part}_verdict"] != "not resolved":
+            return "-"
+        m = seeds_to_resolve(r[part], r[f"{part}_ci"], r[f"{part}_n"])
+        return f"> {RESOLVE_MAX_SEEDS}" if m is None else f"~{m}"
+
+    out = [
+        "### The paper's ablations on the testbed (A - B of end accuracy, paired by seed, mean ± 95% CI; "
+        "verdict: CI above 0 = the paper's direction, reproduced)",
+        "",
+        *_head(
+            res,
+            [
+                "the paper's row",
+                "pair A - B",
+                "pairs",
+                "held-out",
+                "verdict",
+                "online",
+                "verdict",
+                "seeds to resolve (held-out)",
+            ],
+        ),
+    ]
+    for p in res["points"]:
+        for r in p.get("ablations") or []:
+            out.append(
+                _row(
+                    res,
+                    p,
+                    [
+                        r["row"],
+                        r["pair"],
+                        r["heldout_n"],
+                        fmt_ci(r["heldout"], r["heldout_ci"]),
+                        r["heldout_verdict"],
+                        fmt_ci(r["online"], r["online_ci"]),
+                        r["online_verdict"],
+                        to_resolve(r, "heldout"),
+                    ],
+                )
+            )
+    return "\n".join(out)
+
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
     "The end-accuracy, paired-effect, phenomena and knob-effect tables of `res` ({'window', 'points': [{'label', 'settings', 'effects'}]})."
@@ -461,6 +541,7 @@ def study_tables(res: dict) -> str:
         for t in (
             format_results(res),
             format_phenomena(res),
+            format_ablations(res),
             format_forms(res),
             format_knob_effects(res),
             format_scaled(res),

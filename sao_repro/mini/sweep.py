@@ -28,7 +28,9 @@ from .runfolder import run_state
 from .inputs import check_inputs, resolve_inputs
 from ..signals import ExitOn
 from .rayconnect import ray_ready
+from ..files import repo_dir
 from sao_repro.mini.cli import (
+    STUDY_SOURCES,
     batch_exits,
     check_parameters_cell,
     execute_run,
@@ -47,7 +49,8 @@ from sao_repro.mini.summary import (
 )
 
 # %% auto #0
-__all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_main']
+__all__ = ['SweepConfig', 'load_sweep', 'point_label', 'sweep_jobs', 'sweep_results', 'sweep_parser', 'sweep_sources',
+           'sweep_main']
 
 # %% ../../nbs/33_mini.sweep.ipynb #00a19af2
 _RESERVED = ("setting", "seed", "steps", "out", "backend")  # set by the sweep itself, not by base / grid
@@ -207,7 +210,23 @@ def sweep_parser() -> argparse.ArgumentParser:
         "an address, or 'local' (a Ray instance on this machine); --jobs is then unused",
     )
     p.add_argument("--notebook", default=None, help="run notebook (default experiments/run_setting.ipynb)")
+    p.add_argument(
+        "--record",
+        default=None,
+        metavar="PATH",
+        help="also save the tables as a results file when every run finished (e.g. report/results/paper_ablations.json: "
+        "the command, the commit and the code's fingerprint; sao_repro.results)",
+    )
     return p
+
+
+def sweep_sources(config) -> list[str]:
+    "The code behind a recorded sweep table: the testbed's (`STUDY_SOURCES`) and the sweep file when it is in the checkout."
+    try:
+        own = [Path(config).resolve().relative_to(repo_dir().resolve()).as_posix()]
+    except ValueError:
+        own = []
+    return [*STUDY_SOURCES, *own]
 
 
 def _run_jobs(nb: Path, sc: SweepConfig, todo: list[dict], n_jobs: int, bar) -> list[tuple[dict, BaseException]]:
@@ -299,9 +318,8 @@ def sweep_main(argv: list[str] | None = None) -> int:
     table = study_tables(res)
     root = Path(a.out) / "sweeps" / sc.name
     root.mkdir(parents=True, exist_ok=True)
-    (root / "results.md").write_text(
-        f"`sao-repro sweep {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{table}\n"
-    )
+    command = f"sao-repro sweep {' '.join(argv if argv is not None else sys.argv[1:])}"
+    (root / "results.md").write_text(f"`{command}`\n\n{table}\n")
     (root / "results.json").write_text(json.dumps(res, indent=1))
     print(
         f"\n{len(todo) - len(failed)}/{len(todo)} runs executed in {time.time() - t0:.0f} s; results in {root}/results.md\n"
@@ -312,4 +330,11 @@ def sweep_main(argv: list[str] | None = None) -> int:
             f"failed: {j['label']} {j['setting']} seed{j['seed']} ({j['run_dir'] / 'run_setting.ipynb'})",
             file=sys.stderr,
         )
+    if a.record and not failed:
+        from sao_repro.results import record
+
+        record(a.record, command, sweep_sources(a.config), f"`{command}`\n\n{table}")
+        print(f"recorded: {a.record}")
+    elif a.record:
+        print(f"not recorded ({len(failed)} run(s) failed): {a.record}", file=sys.stderr)
     return 1 if failed else 0

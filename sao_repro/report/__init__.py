@@ -14,7 +14,8 @@ __all__ = ['fmt_ci', 'kernel_transport', 'run_notebook', 'REFERENCE_RESULTS', 'R
            'html_to_pdf', 'image_stats', 'is_blank', 'notebook_to_html', 'offline_violations', 'quarto_html',
            'report_formats', 'screenshot', 'set_notebook_title', 'shrink_png', 'build_docs', 'check_quarto_yml',
            'quarto_files', 'INPUT_FILES', 'execute_report', 'find_report_notebook', 'input_files', 'render_report',
-           'report_main', 'report_parser', 'runs_fingerprint', 'sweep_result_files', 'text_path', 'write_numbers']
+           'report_main', 'report_parser', 'runs_fingerprint', 'sweep_result_files', 'text_path', 'write_numbers',
+           'PAPER_ABLATIONS', 'PAPER_ABLATION_SOURCE', 'ablation_table', 'paper_ablation_table', 'setting_role']
 
 # %% ../../nbs/76_report.ipynb #6039161c
 from ..stats import fmt_ci
@@ -22,6 +23,8 @@ from ..nbrun import kernel_transport, run_notebook
 from .tables import REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers
 from .tables import headline_table, load_runs, numbers_table, reference_table, run_summary, runs_table
 from .tables import health_table, mismatch_table, table_html
+from .tables import PAPER_ABLATIONS, PAPER_ABLATION_SOURCE, ablation_table, paper_ablation_table
+from .tables import setting_role
 from .text import display_path, html_id, md_code, provenance, report_base, report_title, runs_block
 from .text import runs_commands, runs_using, testbed_limits
 from .figures import band_text, fig_accuracy, fig_critic, fig_dis, fig_sweep, figure_notes
@@ -47,5 +50,6 @@ _all_ = [
     "set_notebook_title", "shrink_png", "build_docs", "check_quarto_yml", "quarto_files", "INPUT_FILES",
     "execute_report", "find_report_notebook", "input_files", "render_report", "report_main", "report_parser",
     "runs_fingerprint", "sweep_result_files", "text_path", "write_numbers",
+    "PAPER_ABLATIONS", "PAPER_ABLATION_SOURCE", "ablation_table", "paper_ablation_table", "setting_role",
 ]
 # fmt: on

@@ -90,10 +90,10 @@ def fabricate_runs(
     n: int,  # how many run folders
     steps: int = 40,  # steps per run
     seed: int = 0,  # of the random values
-    settings: list[str] | None = None,  # in turn (default: every registered setting)
+    settings: list[str] | None = None,  # in turn (default: the five compared settings)
 ) -> Path:
     "`n` made-up testbed run folders below `root` (config.json, metrics.jsonl); returns `root`."
-    rng, names = random.Random(seed), list(settings or list_settings())
+    rng, names = random.Random(seed), list(settings or list_settings("comparison"))
     for i in range(n):
         s, k = names[i % len(names)], i // len(names)
         d = Path(root) / "mini" / s / f"seed{k}"

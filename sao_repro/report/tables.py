@@ -17,9 +17,10 @@ from ..dis import band_label, band_preset_name, dis_band
 from ..stats import fmt_ci, mean_ci
 
 # %% auto #0
-__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS',
-           'reference_table', 'design_table', 'load_runs', 'runs_table', 'heldout_summary', 'run_summary',
-           'numbers_table', 'format_numbers', 'fmt_change', 'headline_table', 'distance_table', 'health_table',
+__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'PAPER_ABLATION_SOURCE', 'PAPER_ABLATIONS', 'ROLES', 'GROUP_ROLES',
+           'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS', 'reference_table', 'paper_ablation_table',
+           'setting_role', 'design_table', 'load_runs', 'runs_table', 'heldout_summary', 'run_summary', 'numbers_table',
+           'format_numbers', 'fmt_change', 'headline_table', 'ablation_table', 'distance_table', 'health_table',
            'table_html', 'mismatch_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d0f86aba
@@ -54,6 +55,35 @@ def reference_table() -> pd.DataFrame:
     ]
     return pd.DataFrame(rows)
 
+# %% ../../nbs/70_report.tables.ipynb #5eaebef8
+PAPER_ABLATION_SOURCE = (
+    "the SAO paper (arXiv:2607.07508), its ablation table (Table 4): AIME25 accuracy (%), Qwen3-30B-A3B, as its "
+    "readers quote it; its SAO has the frozen-attention critic, and each row removes one component from it"
+)
+PAPER_ABLATIONS = [  # quoted, never measured here; `pair` names the testbed pair (sao_repro.mini.summary.ABLATIONS)
+    {"row": "SAO", "aime25": 97.3, "pair": "-"},
+    {"row": "K=1", "aime25": 95.0, "pair": "sao - sao_k1"},
+    {"row": "no frozen attention", "aime25": 90.6, "pair": "sao_frozen - sao"},
+    {"row": "no DIS (vanilla VAPO)", "aime25": 91.3, "pair": "sao - vapo"},
+    {"row": "running mean", "aime25": 79.8, "pair": "sao - running_mean"},
+]
+
+
+def paper_ablation_table() -> pd.DataFrame:
+    "The paper's published ablation numbers, quoted (AIME25 %), with SAO's lead over each row and the testbed pair that asks the same."
+    top = PAPER_ABLATIONS[0]["aime25"]
+    return pd.DataFrame(
+        [
+            {
+                "the paper's row": r["row"],
+                "AIME25 % (quoted)": f"{r['aime25']:.1f}",
+                "SAO minus the row, points (quoted)": "-" if r["row"] == "SAO" else f"{top - r['aime25']:+.1f}",
+                "the testbed's pair": r["pair"],
+            }
+            for r in PAPER_ABLATIONS
+        ]
+    )
+
 # %% ../../nbs/70_report.tables.ipynb #d2315db8
 ROLES = {
     "sao": "method",
@@ -62,6 +92,17 @@ ROLES = {
     "running_mean": "ablation",
     "single_dis": "ablation",
 }
+GROUP_ROLES = {"ablation": "paper ablation arm"}  # the role of a setting outside ROLES, by its registry group
+
+
+def setting_role(name: str) -> str:
+    "The report's role of setting `name`: `ROLES`, else its registry group's (`GROUP_ROLES`), else '-'."
+    if name in ROLES:
+        return ROLES[name]
+    try:
+        return GROUP_ROLES.get(get_setting(name).group, "-")
+    except ValueError:
+        return "-"
 
 
 def _setting_spec(name: str, config: dict | None = None) -> dict:
@@ -94,11 +135,15 @@ def _band_label(spec: dict, config: dict | None = None) -> str:
 
 
 def _critic_text(spec: dict) -> str:
-    return f"K={spec.get('critic_k', '?')}" if spec.get("critic") else "-"
+    "`K=2`, with `, attention frozen` for a frozen-attention critic; `-` without a critic."
+    if not spec.get("critic"):
+        return "-"
+    frozen = spec.get("critic_freeze", "none")
+    return f"K={spec.get('critic_k', '?')}" + ("" if frozen == "none" else f", {frozen} frozen")
 
 # %% ../../nbs/70_report.tables.ipynb #87c90bca
 def design_table(
-    settings: list[str] | None = None,  # setting names (default: the registry's)
+    settings: list[str] | None = None,  # setting names (default: the five compared ones and any other the runs hold)
     runs_df: pd.DataFrame | None = None,  # from `load_runs`: the `band` column then says what the runs used
 ) -> pd.DataFrame:
     """Setting, role, what it isolates, G, critic, DIS band, advantage from the settings registry, and `band`: the DIS
@@ -109,12 +154,14 @@ def design_table(
         c = r.config if isinstance(r.config, dict) else {}
         used.setdefault(r.setting, set()).add(_band_label(_setting_spec(r.setting, c), c))
     rows = []
-    for name in settings or list_settings():
+    held = [] if runs_df is None else list(runs_df.setting)
+    names = [n for n in list_settings() if n in list_settings("comparison") or n in held]
+    for name in settings or names + sorted(set(held) - set(names)):
         s = _setting_spec(name)
         rows.append(
             {
                 "setting": name,
-                "role": ROLES.get(name, "-"),
+                "role": setting_role(name),
                 "what it isolates": s.get("role", ""),
                 "G": s.get("group_size"),
                 "critic": _critic_text(s),
@@ -252,7 +299,7 @@ def numbers_table(
                 {
                     "backend": backend,
                     "setting": name,
-                    "role": ROLES.get(name, "-"),
+                    "role": setting_role(name),
                     "G": spec.get("group_size"),
                     "critic": _critic_text(spec),
                     "DIS": _band_text(spec),
@@ -311,6 +358,38 @@ def headline_table(
         fmt_change(*r) for r in zip(nt.acc_start, nt.acc_start_ci, nt.acc_end, nt.acc_end_ci)
     ]
     return out
+
+
+def ablation_table(
+    res: dict,  # a sweep's results.json (`sao_repro.mini.sweep.sweep_results`)
+) -> pd.DataFrame:
+    "The sweep's `ablations` rows (measured on the testbed, paired by seed): one per point x pair; empty without an arm."
+    return pd.DataFrame(
+        [
+            {
+                "point": p["label"],
+                "the paper's row": r["row"],
+                "pair A - B": r["pair"],
+                "pairs": r["heldout_n"],
+                "held-out": fmt_ci(r["heldout"], r["heldout_ci"]),
+                "verdict (held-out)": r["heldout_verdict"],
+                "online": fmt_ci(r["online"], r["online_ci"]),
+                "verdict (online)": r["online_verdict"],
+            }
+            for p in res["points"]
+            for r in p.get("ablations") or []
+        ],
+        columns=[
+            "point",
+            "the paper's row",
+            "pair A - B",
+            "pairs",
+            "held-out",
+            "verdict (held-out)",
+            "online",
+            "verdict (online)",
+        ],
+    )
 
 # %% ../../nbs/70_report.tables.ipynb #99f8983d
 def _data_line(c: dict) -> str | None:

@@ -59,7 +59,7 @@ def bench_rehearsal(
             VLLMServer(Path(td) / "areal" / "vllm_server.log") if engine == "vllm" and scheduler == "spmd" else None
         )
         try:
-            for s in settings or list_settings():
+            for s in settings or list_settings("comparison"):
                 rec = run_one(
                     plan(s, assets, td, steps=steps, scheduler=scheduler, sample_dtype=engine_dtype, engine=engine),
                     progress=False,
