@@ -197,6 +197,13 @@ MOVED = [  # (module, the module some of its names moved to, those names): the m
     ("report.docs", "report.mathml", ["mathml_markdown", "mathml_nb", "fill_maths"]),
     ("report.docs", "report.readme", ["README_NB", "README_HEAD", "README_SIDE", "ReadmeText", "readme_markdown"]),
     ("report.docs", "report.readme", ["run_index", "write_readme", "readme_problems"]),
+    ("mini.train", "mini.trainer", ["MiniTrainer", "NonFiniteError", "_adv_stats", "_finite", "_lam"]),
+    ("areal.engine", "areal.batch_stats", ["version_stats", "logp_gap_stats", "mismatch_stats", "keep_samples"]),
+    (
+        "areal.engine",
+        "areal.critic_init",
+        ["CRITIC_INIT_ARCH", "_testbed_checkpoint", "critic_init_source", "check_critic_shapes"],
+    ),
 ]
 
 
@@ -204,6 +211,8 @@ MOVED = [  # (module, the module some of its names moved to, those names): the m
 def test_names_moved_out_of_a_module_are_still_importable_from_it(old, new, names):
     import importlib
 
+    if old.startswith("areal."):
+        pytest.importorskip("areal")
     mod, home = importlib.import_module(f"sao_repro.{old}"), importlib.import_module(f"sao_repro.{new}")
     for n in names:
         assert getattr(mod, n) is getattr(home, n), f"sao_repro.{old}.{n} is not sao_repro.{new}.{n}"
@@ -211,11 +220,9 @@ def test_names_moved_out_of_a_module_are_still_importable_from_it(old, new, name
 
 MAX_MODULE_LINES, MAX_FACE_LINES = 450, 80  # a module does one job; a package's __init__.py only re-exports
 SPLIT_PENDING = {  # modules still over the limit, each to be split by job; remove a name once its module is split
-    "mini/train.py",
     "mini/summary.py",
     "mini/cli.py",
     "areal/launch.py",
-    "areal/engine.py",
 }
 MODULES = sorted(
     str(p.relative_to(ROOT / "sao_repro")) for p in (ROOT / "sao_repro").rglob("*.py") if p.name != "_modidx.py"

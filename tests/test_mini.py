@@ -99,7 +99,7 @@ def _start_weights(cfg):
 def test_dis_metrics_measured_once_per_step(setting, kw, tmp_path, monkeypatch):
     "One `dis_metrics` call per step: the policy loss's own (one step on the whole batch), else the trainer's."
     import sao_repro.loss as L
-    import sao_repro.mini.train as MT
+    import sao_repro.mini.trainer as MT
 
     calls = []
 
@@ -483,7 +483,7 @@ def test_critic_init_from_an_earlier_run(tmp_path):
 
 def test_dis_band_preset_reaches_the_loss_and_config_json(tmp_path, monkeypatch):
     "dis_band=paper-math: the trainer's loss gets [0.7, 6.0]; config.json records the resolved band and the preset."
-    import sao_repro.mini.train as MT
+    import sao_repro.mini.trainer as MT
 
     seen = []
     real = MT.policy_loss

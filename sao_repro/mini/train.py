@@ -1,4 +1,4 @@
-"""One trainer loop for all five settings on the CPU testbed: stale noisy rollouts, the shared advantage / loss / critic / DIS modules, per-step metrics, checkpoints with exact resume, NaN stop.
+"""One setting x seed on the CPU testbed in its run folder: one process per folder, a fresh start or an exact resume from the last readable checkpoint, per-step metrics and TensorBoard scalars, checkpoints, a stop on NaN, a full disk or a signal.
 
 Docs: https://sao-repro.github.io/sao-repro/mini.train.html.md"""
 
@@ -9,21 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import math
-import os
 import shutil
-import time
-from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
-from fastcore.basics import patch
 
-from ..advantages import RunningMeanBaseline, get_advantage
-from ..core import masked_mean, masked_var, masked_whiten
-from ..critic import CriticTrainer
-from ..dis import dis_band, dis_mask, dis_metrics
-from ..gae import adaptive_lambda
 from ..files import file_sha256 as file_sha256
 from sao_repro.runlog import (
     RunFolderBusy as RunFolderBusy,
@@ -33,19 +23,17 @@ from sao_repro.runlog import (
 )  # RunFolderBusy: re-exported
 from ..signals import GracefulStop, RunInterrupted
 from ..tblog import RunScalars
-from ..loss import policy_loss
-from ..settings import Setting
-from .model import CriticModel as CriticModel, PolicyModel, sampled_accuracy, token_logp, warm_start
-from .rollout import PolicyHistory, collect, pick_lag, rollout_mismatch
-from .task import chain_prompt_len, eval_problems, sample_problems, task_tokenizer
+from ..samples import SampleWriter
+from .model import CriticModel as CriticModel
 from .config import BACKENDS as BACKENDS, MiniRunConfig  # re-exported: the trainer's public names
-from sao_repro.mini.critic_init import (
-    check_critic_init,
-    critic_model,
-    load_critic_init,
-)  # load_critic_init: re-exported
-from ..safeload import load_state
-from ..samples import SampleWriter, sample_records
+from .critic_init import check_critic_init, load_critic_init as load_critic_init
+from sao_repro.mini.trainer import (
+    MiniTrainer as MiniTrainer,
+    NonFiniteError as NonFiniteError,
+    _adv_stats as _adv_stats,
+    _finite as _finite,
+    _lam as _lam,
+)  # the trainer and its step: every method of MiniTrainer is defined there
 from sao_repro.mini.runfolder import (
     RESUME_FREE as RESUME_FREE,
     RUN_FILES as RUN_FILES,
@@ -67,14 +55,12 @@ from sao_repro.mini.runfolder import (
     write_config,
 )
 
+_all_ = ["MiniTrainer", "NonFiniteError"]  # re-exported names, in `__all__` too
+
 # %% auto #0
-__all__ = ['NonFiniteError', 'DiskFullError', 'disk_full', 'MiniTrainer', 'train_run']
+__all__ = ['DiskFullError', 'disk_full', 'train_run', 'MiniTrainer', 'NonFiniteError']
 
-# %% ../../nbs/30_mini.train.ipynb #056f18ad
-class NonFiniteError(RuntimeError):
-    "A loss or gradient was NaN or inf."
-
-
+# %% ../../nbs/30_mini.train.ipynb #c2d3e4f6
 class DiskFullError(OSError):
     "The run folder's disk filled up during the run."
 
@@ -93,312 +79,9 @@ def disk_full(e: BaseException, run_dir: Path) -> bool:
         return False
 
 
-class MiniTrainer:
-    "The testbed trainer for one setting."
-
-    def __init__(self, cfg: MiniRunConfig, log=print):
-        self.cfg, self.log = cfg, log
-        self.setting: Setting = cfg.effective_setting()
-        self.policy, self.start_meta = warm_start(cfg.task(), cfg.model(), cfg.pretrain(), log=log)
-        torch.manual_seed(
-            cfg.seed
-        )  # after the warm start, which leaves another random state when it is built than when read
-        self.behav = PolicyModel(cfg.model())
-        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
-        self.critic = None
-        if self.setting.critic:
-            cm = critic_model(cfg, self.policy, self.start_meta["heldout_sampled_acc"])
-            self.critic_source = load_critic_init(cm, cfg.critic_init) if cfg.critic_init else None
-            self.critic = CriticTrainer(
-                cm,
-                lr=cfg.critic_lr,
-                k_passes=self.setting.critic_k,
-                warmup_steps=self.setting.warmup_steps,
-                freeze=self.setting.critic_freeze,
-            )
-        elif log and any(getattr(cfg, k) is not None for k in ("warmup_steps", "critic_k", "critic_width")):
-            log(f"note: {cfg.setting} has no critic; warmup_steps / critic_k / critic_width are recorded but unused")
-        self.baseline = RunningMeanBaseline() if self.setting.advantage == "running_mean" else None
-        self.history = PolicyHistory(keep=cfg.lag + 1)
-        self.history.push(0, self.policy)
-        self.rng = np.random.default_rng([cfg.seed, 11])
-        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 17)
-        self.mb_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 29)  # minibatch shuffles only
-        self.step = 0
-        self.eval_set = eval_problems(cfg.task())
-        self.diag_band = dis_band()
-
-# %% ../../nbs/30_mini.train.ipynb #82dfe024
-@torch.no_grad()
-def _adv_stats(adv, mask) -> dict:
-    return {
-        "adv/mean": float(masked_mean(adv, mask)),
-        "adv/std": float(masked_var(adv, mask).sqrt()),
-        "adv/max": float(adv[mask].max()) if mask.any() else float("nan"),
-    }
-
-
 def _clean(m: dict) -> dict:
     "NaN/inf -> None so metrics.jsonl is strict JSON."
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
-
-
-def _finite(x) -> bool:
-    return bool(torch.isfinite(torch.as_tensor(x)).all())
-
-
-def _lam(lam, resp_len, alpha=1.5):
-    return adaptive_lambda(resp_len.float(), alpha) if lam == "adaptive" else float(lam)
-
-# %% ../../nbs/30_mini.train.ipynb #de34f78d
-@patch
-def rollout(self: MiniTrainer):
-    "Stale, noisy rollouts for the next step."
-    cfg, s = self.cfg, self.setting
-    lag = pick_lag(cfg.rollout(), self.step, self.rng)
-    behav = self.history.load_into(self.step - lag, self.behav)
-    prompts = sample_problems(cfg.task(), cfg.trajectories_per_step // s.group_size, "train", self.rng)
-    problems = [p for p in prompts for _ in range(s.group_size)]
-    return collect(behav, problems, cfg.task(), self.gen, noise=cfg.noise, dtype=cfg.behav_dtype), lag
-
-
-@patch
-def row_lengths(self: MiniTrainer, ro, idx=slice(None)):
-    """Row lengths for forwards cut after each row's last token (`PolicyModel(..., lengths=)`); None for the `add`
-    family, whose rows are a few tokens long and which keeps the arithmetic of its published runs."""
-    return None if self.cfg.family == "add" else ro.lengths[idx]
-
-# %% ../../nbs/30_mini.train.ipynb #e36e100f
-@patch
-def advantages(self: MiniTrainer, ro, old_values):
-    "Policy advantages and critic targets."
-    s = self.setting
-    est = get_advantage(s.advantage)
-    kw = dict(values=old_values, group_size=s.group_size, gamma=s.gamma, baseline=self.baseline)
-    adv, _ = est(ro.rewards, ro.loss_mask, lam=_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), **kw)
-    returns = None
-    if self.critic is not None:
-        _, returns = get_advantage("gae")(
-            ro.rewards,
-            ro.loss_mask,
-            values=old_values,
-            gamma=s.gamma,
-            lam=_lam(s.critic_lambda, ro.resp_len, s.lambda_alpha),
-        )
-    if s.adv_whiten:  # after the returns: the critic's targets are untouched
-        adv = masked_whiten(adv, ro.loss_mask)
-    return adv, returns
-
-# %% ../../nbs/30_mini.train.ipynb #b201fdec
-@patch
-def policy_step(self: MiniTrainer, ro, idx, adv, prox_logp=None, dis_stats=True) -> tuple[dict, torch.Tensor]:
-    """One clipped Adam step on the setting's policy loss over rows `idx` of rollout `ro` (raises NonFiniteError
-    before applying a bad step). `prox_logp`: the proximal policy's log-probs of these rows (None: this policy's).
-    `dis_stats`: the metrics keep the loss's `dis/` metrics of these rows (with a band)."""
-    tokens, behav_logp, loss_mask = ro.tokens[idx], ro.behav_logp[idx], ro.loss_mask[idx]
-    logp = token_logp(self.policy(tokens, lengths=self.row_lengths(ro, idx)), tokens)
-    band = self.setting.band
-    form = self.cfg.dis_form if band is not None else "direct"  # no DIS: the cluster's plain PPO ratio (ppo_clip)
-    prox = logp.detach() if prox_logp is None else prox_logp
-    loss, m = policy_loss(
-        logp, behav_logp, adv[idx], loss_mask, band=band, form=form, prox_logp=prox, dis_stats=dis_stats
-    )
-    if self.step + 1 == self.cfg.debug_nan_step:
-        loss = loss * float("nan")
-    if not _finite(loss):
-        raise NonFiniteError(f"actor loss is {float(loss.detach())} at step {self.step + 1}")
-    self.opt.zero_grad()
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-    if not _finite(gn):
-        raise NonFiniteError(f"actor grad norm is {float(gn)} at step {self.step + 1}")
-    self.opt.step()
-    m = {k: float(v) for k, v in m.items()}
-    m.update({"actor/loss": float(loss.detach()), "actor/grad_norm": float(gn)})
-    return m, prox
-
-# %% ../../nbs/30_mini.train.ipynb #6ed55349
-@patch
-def policy_update(self: MiniTrainer, ro, adv) -> tuple[dict, torch.Tensor]:
-    """`minibatches` policy steps, each on a shuffled slice of the batch (one step on the whole batch when 1, whose
-    metrics then hold the loss's `dis/` metrics)."""
-    n = self.cfg.minibatches
-    if n == 1:
-        m, logp = self.policy_step(ro, slice(None), adv)
-        m.update({"actor/updated": 1, "actor/n_updates": 1})
-        return m, logp
-    prox = self.current_logp(ro) if self.cfg.dis_form == "decoupled" and self.setting.band is not None else None
-    logp = torch.empty_like(ro.behav_logp)
-    ms = []
-    for idx in torch.tensor_split(torch.randperm(len(ro.tokens), generator=self.mb_gen), n):
-        mi, logp[idx] = self.policy_step(ro, idx, adv, None if prox is None else prox[idx], dis_stats=False)
-        ms.append(mi)
-    m = {k: float(np.mean([mi[k] for mi in ms])) for k in ms[0]}
-    m.update({"actor/updated": 1, "actor/n_updates": n})
-    return m, logp
-
-# %% ../../nbs/30_mini.train.ipynb #a97b89cd
-@patch
-def train_step(self: MiniTrainer) -> dict:
-    "One full step; returns its metrics record."
-    t0 = time.perf_counter()
-    s = self.setting
-    ro, lag = self.rollout()
-    m = {"step": self.step + 1}
-    old_values = (
-        self.critic.values(ro.tokens, lengths=self.row_lengths(ro)).detach() if self.critic is not None else None
-    )
-    adv, returns = self.advantages(ro, old_values)
-    if self.critic is not None:
-        cm = self.critic.update(ro.tokens, ro.loss_mask, returns, old_values, lengths=self.row_lengths(ro))
-        if not (_finite(cm["critic/value_loss"]) and _finite(cm["critic/grad_norm"])):
-            raise NonFiniteError(f"critic metrics not finite at step {self.step + 1}: {cm}")
-        m.update({k: float(v) for k, v in cm.items()})
-    loss_dis, pre = {}, None  # pre: the trainer's log-probs before the update, for the mismatch figures
-    if self.critic is not None and self.critic.in_warmup(self.step):
-        logp = pre = self.current_logp(ro)
-        m.update({"actor/loss": 0.0, "actor/grad_norm": 0.0, "actor/updated": 0, "actor/n_updates": 0})
-    else:
-        pre = self.current_logp(ro) if self.cfg.minibatches > 1 else None  # the slices' log-probs move with each step
-        am, logp = self.policy_update(ro, adv)
-        loss_dis = {k: am.pop(k) for k in [k for k in am if k.startswith("dis/")]}  # logged with the other dis/ keys
-        m.update(am)
-    n_ok = float(ro.rewards.sum())
-    m.update(
-        {
-            "acc": n_ok / len(ro.rewards),
-            "reward/mean": float(ro.rewards.mean()),
-            "rollout/n_correct": n_ok,
-            "rollout/n_incorrect": len(ro.rewards) - n_ok,
-            "rollout/policy_lag": lag,
-            "rollout/resp_len": float(ro.resp_len.float().mean()),
-            "rollout/truncated_frac": float((~ro.tokens.eq(1).any(1)).float().mean()),
-        }
-    )
-    m.update(_adv_stats(adv, ro.loss_mask))
-    if self.cfg.family == "chain":  # finished, non-empty responses that skip the scratchpad (no '=' written)
-        tok, resp = task_tokenizer(self.cfg.task()), ro.tokens[:, chain_prompt_len(self.cfg.task()) :]
-        direct = (resp != tok.stoi["="]).all(1) & (resp == tok.eos_id).any(1) & (ro.resp_len > 1)
-        m["rollout/direct_frac"] = float(direct.float().mean())
-    m["adv/lambda_mean"] = float(
-        torch.as_tensor(_lam(s.policy_lambda, ro.resp_len, s.lambda_alpha), dtype=torch.float64).mean()
-    )
-    m.update(self.dis_stats(ro, logp, loss_dis))
-    self.keep_samples(ro, logp, lag)
-    m.update(rollout_mismatch(ro, logp if pre is None else pre, self.step - lag, self.step))
-    self.step += 1
-    self.history.push(self.step, self.policy)
-    m["perf/step_s"] = time.perf_counter() - t0
-    return m
-
-# %% ../../nbs/30_mini.train.ipynb #ee58637d
-@patch
-def dis_stats(self: MiniTrainer, ro, logp, from_loss: dict) -> dict:
-    """The step's `dis/` metrics on `logp` (the log-probs the band was applied to): `from_loss`, the policy loss's
-    own when one step saw the whole batch, else measured here; and the fraction outside the paper's band."""
-    m = from_loss or dis_metrics(logp, ro.behav_logp, ro.loss_mask, self.setting.band)
-    inside = dis_mask(logp, ro.behav_logp, ro.loss_mask, self.diag_band)
-    return {**m, "dis/outside_band_frac": 1.0 - int(inside.sum()) / max(int(ro.loss_mask.sum()), 1)}
-
-
-@patch
-@torch.no_grad()
-def current_logp(self: MiniTrainer, ro) -> torch.Tensor:
-    "[B, L] log-probs of rollout `ro` under the policy as it is now (no gradient)."
-    return token_logp(self.policy(ro.tokens, lengths=self.row_lengths(ro)), ro.tokens)
-
-# %% ../../nbs/30_mini.train.ipynb #d96c0671
-@patch
-def keep_samples(self: MiniTrainer, ro, logp, lag: int) -> int:
-    "Write this step's kept rows to `samples.jsonl.gz` when the step is due; returns the bytes written."
-    w, step = getattr(self, "sample_writer", None), self.step + 1
-    if w is None or not w.due(step):
-        return 0
-    band, tok = self.setting.band, task_tokenizer(self.cfg.task())
-    kept = None if band is None else dis_mask(logp, ro.behav_logp, ro.loss_mask, band)
-    recs = sample_records(
-        step,
-        w.rows(len(ro.tokens)),
-        ro.tokens,
-        ro.loss_mask,
-        logp,
-        ro.behav_logp,
-        ro.rewards,
-        self.step - lag,
-        kept,
-        lengths=ro.lengths,
-        finished=ro.tokens.eq(tok.eos_id).any(1),
-        decode=lambda ids: "".join(tok.itos[i] for i in ids),
-        trainer_version=self.step,
-        band=band,
-    )
-    return w.write(step, recs)
-
-# %% ../../nbs/30_mini.train.ipynb #7ab5f5d6
-@patch
-def evaluate(self: MiniTrainer) -> dict:
-    "Held-out sampled accuracy of the current policy (own generator: training randomness untouched); per MATH level for `chain`."
-    g = torch.Generator().manual_seed(self.cfg.seed * 7919 + self.step)
-    hits = sampled_accuracy(self.policy, self.eval_set, self.cfg.task(), g, per_problem=True)
-    m = {"eval/acc": sum(hits) / max(len(hits), 1)}
-    if self.cfg.family == "chain":  # level = number of steps: does the gain reach the hard problems?
-        for lv in sorted({p["level"] for p in self.eval_set}):
-            h = [x for x, p in zip(hits, self.eval_set) if p["level"] == lv]
-            m[f"eval/acc_level{lv.split()[-1]}"] = sum(h) / len(h)
-    return m
-
-# %% ../../nbs/30_mini.train.ipynb #9c964f71
-@patch
-def state(self: MiniTrainer) -> dict:
-    return {
-        "step": self.step,
-        "policy": self.policy.state_dict(),
-        "opt": self.opt.state_dict(),
-        "critic": self.critic.state_dict() if self.critic is not None else None,
-        "baseline": self.baseline.state_dict() if self.baseline is not None else None,
-        "history": self.history.state_dict(),
-        "rng": self.rng.bit_generator.state,
-        "gen": self.gen.get_state(),
-        "mb_gen": self.mb_gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "config": asdict(self.cfg),
-    }
-
-
-@patch
-def save(self: MiniTrainer, run_dir: Path) -> Path:
-    "Write `checkpoints/step_<k>.pt` atomically and prune old ones."
-    d = Path(run_dir) / "checkpoints"
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / f"step_{self.step:06d}.pt"
-    try:
-        torch.save(self.state(), str(p) + ".tmp")
-    except BaseException:
-        Path(str(p) + ".tmp").unlink(missing_ok=True)  # a partial file would only hold the space a retry needs
-        raise
-    os.replace(str(p) + ".tmp", p)
-    for old in checkpoints(run_dir)[: -self.cfg.keep_ckpts]:
-        old.unlink()
-    return p
-
-
-@patch
-def load(self: MiniTrainer, path: Path | dict):
-    "Restore everything a step depends on (from a checkpoint file or its loaded dict)."
-    sd = path if isinstance(path, dict) else load_state(path, f"checkpoint {path}")
-    self.step = sd["step"]
-    self.policy.load_state_dict(sd["policy"])
-    self.opt.load_state_dict(sd["opt"])
-    if self.critic is not None:
-        self.critic.load_state_dict(sd["critic"])
-    if self.baseline is not None:
-        self.baseline.load_state_dict(sd["baseline"])
-    self.history.load_state_dict(sd["history"])
-    self.rng.bit_generator.state = sd["rng"]
-    self.gen.set_state(sd["gen"])
-    if "mb_gen" in sd:  # checkpoints written before the minibatches knob have none (and never used it)
-        self.mb_gen.set_state(sd["mb_gen"])
-    torch.set_rng_state(sd["torch_rng"])
 
 # %% ../../nbs/30_mini.train.ipynb #53e185b8
 def train_run(
