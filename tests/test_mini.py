@@ -267,7 +267,7 @@ def test_compare_unknown_setting(capsys):
 
 
 def test_compare_interrupted_exits_130_saying_how_to_resume_and_writes_no_summary(tmp_path, capsys, monkeypatch):
-    import sao_repro.mini.cli as C
+    import sao_repro.mini.compare as C  # compare_main looks up its runner there
 
     started = []
 
@@ -500,7 +500,7 @@ def test_dis_band_preset_reaches_the_loss_and_config_json(tmp_path, monkeypatch)
 def test_compare_ends_with_one_table_and_records_it(tmp_path, capsys, monkeypatch):
     "compare over finished runs: one table (held-out start -> end per setting, then each verdict with what would resolve it), the rest in summary.md; --record saves that table as a results file."
     import fake_testbed
-    import sao_repro.mini.cli as C
+    import sao_repro.mini.compare as C  # compare_main looks up _compare_state there
     from sao_repro.results import load, render, status
 
     settings = ["sao", "grpo", "grpo_dis", "running_mean", "single_dis"]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import sao_repro.mini.cli as mcli
+import sao_repro.mini.runner as runner  # run_setting looks up train_run and _run_areal there
 from sao_repro.cli import main
 from sao_repro.mini.cli import compare_main, run_main
 from sao_repro.mini.config import MiniRunConfig
@@ -84,9 +85,9 @@ def critic_file(tmp_path_factory):
 def captured(monkeypatch):
     "Run `sao-repro run` up to the config it would train (or the cluster launch it would make), without training."
     seen = {}
-    monkeypatch.setattr(mcli, "train_run", lambda cfg, **kw: seen.setdefault("config", cfg) and Path(cfg.out))
+    monkeypatch.setattr(runner, "train_run", lambda cfg, **kw: seen.setdefault("config", cfg) and Path(cfg.out))
     monkeypatch.setattr(mcli, "read_metrics", lambda d: [])
-    monkeypatch.setattr(mcli, "_run_areal", lambda *a: seen.setdefault("areal", a) and Path("."))
+    monkeypatch.setattr(runner, "_run_areal", lambda *a: seen.setdefault("areal", a) and Path("."))
     return seen
 
 

@@ -142,7 +142,7 @@ def test_a_nan_stop_says_whether_a_checkpoint_was_kept(tmp_path, capsys):
 )
 def test_compare_refuses_a_bad_option_before_any_run(bad, said, tmp_path, capsys, monkeypatch):
     "As run and sweep do: exit 2, one line, no run folder (not five runs that each fail)."
-    import sao_repro.mini.cli as C
+    import sao_repro.mini.compare as C  # compare_main looks up its runner there
 
     monkeypatch.setattr(C, "_compare_local", lambda *a: pytest.fail("a run started"))
     monkeypatch.chdir(tmp_path)

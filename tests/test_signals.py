@@ -76,7 +76,7 @@ def test_ray_ready_without_ray_asks_nobody(monkeypatch, capsys):
 def test_compare_and_sweep_refuse_a_bad_ray_address_before_any_run(command, tmp_path, monkeypatch, capsys):
     "Both check `--ray` with the same function: exit 2, `sao-repro CMD: --ray ADDR: ...` on stderr, no run folder."
     pytest.importorskip("ray")
-    import sao_repro.mini.cli as C
+    import sao_repro.mini.compare as C  # compare_main looks up _compare_on_ray there
     import sao_repro.mini.sweep as S
 
     monkeypatch.setattr(C, "_compare_on_ray", lambda *a: pytest.fail("a run started"))

@@ -7,10 +7,8 @@ Docs: https://sao-repro.github.io/sao-repro/areal.launch.html.md"""
 # %% ../../nbs/41_areal.launch.ipynb #ebd45356
 from __future__ import annotations
 import argparse
-import importlib.util
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -38,11 +36,19 @@ from sao_repro.areal.preflight import (
     run_preflight as run_preflight,
 )
 
+# Ray on this machine and what AReaL needs on a CPU live in their own modules; importable from here as before
+from .raysession import RAY_PROBE as RAY_PROBE, RAY_TEMP as RAY_TEMP, ray_running as ray_running
+from .raysession import ray_sessions as ray_sessions, start_ray_head as start_ray_head
+from .raysession import stop_ray_session as stop_ray_session
+from .requirements import AREAL_NODEPS as AREAL_NODEPS, AREAL_REQUIREMENTS as AREAL_REQUIREMENTS
+from .requirements import areal_config_module as areal_config_module
+from .requirements import areal_cpu_requirements as areal_cpu_requirements
+from .requirements import areal_install_hint as areal_install_hint
+from .requirements import missing_requirements as missing_requirements
+
 # %% auto #0
-__all__ = ['RAY_PROBE', 'RAY_TEMP', 'REHEARSAL_ENV', 'CPU_RAY_HEAD', 'AREAL_REQUIREMENTS', 'AREAL_NODEPS', 'SETTING_CONFIGS',
-           'CONFIG_ALIASES', 'Step', 'launch_plan', 'ray_running', 'ray_sessions', 'start_ray_head', 'stop_ray_session',
-           'execute_plan', 'rehearsal_plan', 'areal_cpu_requirements', 'missing_requirements', 'areal_install_hint',
-           'areal_config_module', 'areal_config_main', 'is_finished', 'launch_one', 'summary_table', 'launch_parser',
+__all__ = ['REHEARSAL_ENV', 'CPU_RAY_HEAD', 'SETTING_CONFIGS', 'CONFIG_ALIASES', 'Step', 'launch_plan', 'execute_plan',
+           'rehearsal_plan', 'areal_config_main', 'is_finished', 'launch_one', 'summary_table', 'launch_parser',
            'launch_main', 'setting_config', 'launch_setting']
 
 # %% ../../nbs/41_areal.launch.ipynb #592fdb1e
@@ -110,79 +116,6 @@ def launch_plan(
         )
     )
     return steps
-
-# %% ../../nbs/41_areal.launch.ipynb #e89fe985
-RAY_PROBE = [
-    sys.executable,
-    "-c",
-    "import ray; ray.init(address='auto', log_to_driver=False, logging_level='ERROR'); ray.shutdown()",
-]
-
-
-def ray_running(
-    run=subprocess.run,  # command runner (tests pass a fake)
-    timeout_s: float = 120,  # a probe that hangs this long counts as no cluster
-) -> bool:
-    "True if a Ray cluster runs on this machine: a Ray client connects to it (`ray status` can fail on token auth)."
-    try:
-        return run(RAY_PROBE, capture_output=True, text=True, timeout=timeout_s).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-# %% ../../nbs/41_areal.launch.ipynb #29541523
-RAY_TEMP = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"  # Ray's temp folder: a session_<date>_<pid> per head
-
-
-def ray_sessions(
-    root: str | Path | None = None,  # Ray's temp folder (default RAY_TEMP)
-) -> set[str]:
-    "The Ray session names under Ray's temp folder."
-    root = Path(root or RAY_TEMP)
-    return {p.name for p in root.glob("session_*") if p.name != "session_latest"} if root.is_dir() else set()
-
-
-def start_ray_head(
-    cmd: list[str],  # e.g. ["ray", "start", "--head", ...]
-    run=subprocess.run,  # command runner (tests pass a fake)
-    root: str | Path | None = None,  # Ray's temp folder
-    **kw,  # passed to `run`
-) -> tuple[subprocess.CompletedProcess, str | None]:
-    "Start a Ray head; (its process result, the session it started: the one new under Ray's temp folder, else None)."
-    before = ray_sessions(root)
-    p = run(cmd, **kw)
-    new = sorted(ray_sessions(root) - before)
-    return p, (new[-1] if new else None)
-
-
-def stop_ray_session(
-    session: str,  # a session name from `start_ray_head`
-    grace_s: float = 15.0,  # SIGTERM, then SIGKILL after this long
-) -> int:
-    "End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it ended."
-    import psutil
-
-    if not session or not session.startswith("session_"):
-        raise ValueError(f"not a Ray session name: {session!r}")
-    procs = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid != os.getpid() and any(session in a for a in p.info["cmdline"] or ()):
-                procs.append(p)
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    return len(procs)
 
 # %% ../../nbs/41_areal.launch.ipynb #c798b2ad
 def execute_plan(
@@ -284,68 +217,6 @@ def rehearsal_plan(
         if s.name == "ray-up":
             s.cmd = list(CPU_RAY_HEAD)
     return [Step("preflight", ["true"], when="skipped: CPU rehearsal, no GPU to check")] + plan
-
-# %% ../../nbs/41_areal.launch.ipynb #61b933ac
-AREAL_REQUIREMENTS = "areal_cpu_requirements.txt"  # what AReaL imports on a CPU: one pip requirements file
-AREAL_NODEPS = "areal_nodeps.txt"  # AReaL itself, beside it: installed after it with --no-deps
-
-
-def areal_cpu_requirements(
-    path: str | Path | None = None,  # default: scripts/areal_cpu_requirements.txt of the checkout
-) -> dict[str, str]:  # module -> pip requirement (" --no-deps" appended where it is installed without its dependencies)
-    """What AReaL 1.0.4 imports on a CPU, as pinned in scripts/areal_cpu_requirements.txt, and AReaL itself from
-    areal_nodeps.txt beside it (empty without the files)."""
-    p = Path(path or repo_dir() / "scripts" / AREAL_REQUIREMENTS)
-    out = {}
-    for f, flag in ((p, ""), (p.parent / AREAL_NODEPS, " --no-deps")):
-        for line in f.read_text().splitlines() if f.is_file() else []:
-            req, _, note = line.partition("#")
-            if not req.strip():
-                continue
-            m = re.search(r"\bimport (\S+)", note)
-            mod = m[1] if m else re.split(r"[\[=<>~!; ]", req.strip())[0].replace("-", "_")
-            out[mod] = req.strip() + flag
-    return out
-
-
-def missing_requirements(deps: dict[str, str]) -> list[str]:
-    "The requirements of `deps` (module -> requirement) whose module is not importable here."
-
-    def absent(mod):
-        try:
-            return importlib.util.find_spec(mod) is None
-        except (ImportError, ValueError):
-            return True
-
-    return [req for mod, req in deps.items() if absent(mod)]
-
-# %% ../../nbs/41_areal.launch.ipynb #9b6372bb
-def areal_install_hint(e: ImportError) -> str:
-    "What to install after importing AReaL (or a package it imports) failed with `e`."
-    deps = areal_cpu_requirements()
-    top = (e.name or "").split(".")[0]
-    need = list(dict.fromkeys(([deps[top]] if top in deps else []) + missing_requirements(deps))) or [
-        top or "areal==1.0.4"
-    ]
-    reqs = [shlex.quote(r) for r in need if not r.endswith(" --no-deps")]
-    nodeps = [r.removesuffix(" --no-deps") for r in need if r.endswith(" --no-deps")]
-    cmds = ([f"pip install {' '.join(reqs)}"] if reqs else []) + (
-        [f"pip install --no-deps {' '.join(nodeps)}"] if nodeps else []
-    )
-    return (
-        f"AReaL 1.0.4 or a package it imports is not installed ({e}). Install: {'; then '.join(cmds)}; "
-        f"or everything AReaL imports on a CPU: bash scripts/install_dev.sh (pins: scripts/{AREAL_REQUIREMENTS}; "
-        "on a GPU node: scripts/bootstrap_areal.sh)"
-    )
-
-
-def areal_config_module():
-    "`sao_repro.areal.config`, which imports AReaL; if something is missing, an ImportError that says what to install."
-    try:
-        from sao_repro.areal import config
-    except ImportError as e:
-        raise ImportError(areal_install_hint(e), name=e.name) from None
-    return config
 
 # %% ../../nbs/41_areal.launch.ipynb #acbd7611
 def _split_args(items: list[str]) -> tuple[list[str], list[str]]:

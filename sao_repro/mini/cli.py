@@ -1,4 +1,4 @@
-"""`sao-repro run` (one setting), `sao-repro compare` (papermill over settings x seeds, with a start -> end summary), the run notebook's helpers and the testbed benchmark.
+"""`sao-repro run` (one setting x seed from the command line, and how it exits) and the testbed study's results; the run options, one run and `sao-repro compare` live in their own modules, importable from here as before.
 
 Docs: https://sao-repro.github.io/sao-repro/mini.cli.html.md"""
 
@@ -6,274 +6,61 @@ Docs: https://sao-repro.github.io/sao-repro/mini.cli.html.md"""
 
 # %% ../../nbs/32_mini.cli.ipynb #1a00769e
 from __future__ import annotations
-import json
 import shlex
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field, fields, make_dataclass
-from pathlib import Path
-from typing import Literal, get_type_hints
 
-import numpy as np
-import tyro
-from .config import RENAMED_OPTIONS
-
-from ..settings import list_settings
 from sao_repro.mini.train import (
-    BACKENDS,
     ConfigChangeError,
-    MiniRunConfig,
     NonFiniteError,
     RunExistsError,
     DiskFullError,
-    check_fresh,
     read_metrics,
-    train_run,
 )
 from ..signals import ExitOn, RunInterrupted
-from ..runlog import RunFolderBusy, lock_run_dir
-from ..nbrun import run_notebook
-from .runfolder import checkpoints, run_state
-from .inputs import check_inputs, fit_knobs, resolve_inputs
-from .rayconnect import RayUnavailable, ray_ready
-from sao_repro.mini.summary import (
-    format_summary,
-    point_summary,
-    run_windows as run_windows,
-    study_table,
-    study_tables,
-    summarize,
+from ..runlog import RunFolderBusy
+from .runfolder import checkpoints
+from .inputs import check_inputs, resolve_inputs
+from .summary import run_windows as run_windows
+
+# the run options, one run and `compare` live in their own modules; importable from here as before
+from sao_repro.mini.options import (
+    SMOKE as SMOKE,
+    RunCommand as RunCommand,
+    _switch as _switch,
+    command_options as command_options,
+    make_config as make_config,
+    parse_command as parse_command,
+    run_overrides as run_overrides,
+    setting_choice as setting_choice,
+)
+from sao_repro.mini.runner import (
+    AREAL_OVERRIDES as AREAL_OVERRIDES,
+    _areal_launcher as _areal_launcher,
+    _execute_locked as _execute_locked,
+    _run_areal as _run_areal,
+    check_areal_overrides as check_areal_overrides,
+    check_parameters_cell as check_parameters_cell,
+    execute_run as execute_run,
+    find_run_notebook as find_run_notebook,
+    plot_run as plot_run,
+    run_params as run_params,
+    run_setting as run_setting,
+)
+from sao_repro.mini.compare import (
+    STUDY_SOURCES as STUDY_SOURCES,
+    CompareCommand as CompareCommand,
+    _compare_local as _compare_local,
+    _compare_on_ray as _compare_on_ray,
+    _compare_plan as _compare_plan,
+    _compare_state as _compare_state,
+    batch_exits as batch_exits,
+    compare_main as compare_main,
+    compare_options as compare_options,
+    prebuild_warm_start as prebuild_warm_start,
 )
 
-# the code behind a recorded study table (sao_repro.results fingerprints it): the testbed, the algorithm, the run notebook
-STUDY_SOURCES = [
-    "sao_repro/mini",
-    "sao_repro/core.py",
-    "sao_repro/dis.py",
-    "sao_repro/gae.py",
-    "sao_repro/advantages.py",
-    "sao_repro/loss.py",
-    "sao_repro/critic.py",
-    "sao_repro/settings.py",
-    "sao_repro/stats.py",
-    "sao_repro/math_answer.py",
-    "sao_repro/rewardconfig.py",
-    "experiments/run_setting.ipynb",
-]
-
 # %% auto #0
-__all__ = ['STUDY_SOURCES', 'SMOKE', 'AREAL_OVERRIDES', 'make_config', 'check_areal_overrides', 'run_setting', 'plot_run',
-           'RunCommand', 'setting_choice', 'command_options', 'parse_command', 'run_overrides', 'run_options',
-           'run_main', 'find_run_notebook', 'check_parameters_cell', 'run_params', 'execute_run', 'CompareCommand',
-           'compare_options', 'prebuild_warm_start', 'batch_exits', 'compare_main']
-
-# %% ../../nbs/32_mini.cli.ipynb #262cd0c9
-SMOKE = {
-    "preset": "smoke",
-    "difficulty": 1,
-    "trajectories_per_step": 16,
-    "eval_every": 2,
-    "ckpt_every": 2,
-    "n_eval": 32,
-}
-
-
-def make_config(
-    setting: str,
-    seed: int = 0,
-    steps: int | None = None,
-    backend: str = "mini",
-    out_dir: str = "runs",
-    smoke: bool = False,
-    overrides: dict | None = None,
-) -> MiniRunConfig:
-    "The resolved run config (overrides: any `MiniRunConfig` field)."
-    d = {"setting": setting, "seed": seed, "backend": backend, "out": str(out_dir)}
-    if steps is not None:
-        d["steps"] = steps
-    if smoke:
-        d.update(SMOKE)
-        d["steps"] = min(d.get("steps", 4), 4)
-    d.update(overrides or {})
-    return MiniRunConfig.from_dict(d)
-
-# %% ../../nbs/32_mini.cli.ipynb #5fe8a99c
-AREAL_OVERRIDES = ("dry_run", "extra_overrides")
-
-
-def _areal_launcher():
-    "The cluster launcher (sao_repro.areal.launch.launch_setting), or a clear error."
-    try:
-        from sao_repro.areal.launch import launch_setting
-    except ImportError as e:
-        raise RuntimeError(
-            "backend='areal' runs through the cluster launcher sao_repro.areal.launch.launch_setting"
-            f" (AReaL 1.0.4 on a GPU cluster), which is not available here ({e}). "
-            "Use backend='mini' for the CPU testbed."
-        ) from None
-    return launch_setting
-
-
-def check_areal_overrides(overrides: dict):
-    "Refuse run options the cluster backend does not take (it takes dry_run and extra_overrides)."
-    bad = sorted(set(overrides) - set(AREAL_OVERRIDES))
-    if bad:
-        raise ValueError(
-            f"backend='areal' takes overrides {', '.join(AREAL_OVERRIDES)} (cluster options go in "
-            f"extra_overrides as 'key=value'); got {bad}"
-        )
-
-
-def _run_areal(setting: str, seed: int, steps: int | None, out_dir: str, overrides: dict) -> Path:
-    "Launch one cluster run through sao_repro.areal.launch.launch_setting; overrides: dry_run, extra_overrides."
-    check_areal_overrides(overrides)
-    rec = _areal_launcher()(
-        setting,
-        seed=seed,
-        steps=steps,
-        out_dir=out_dir,
-        dry_run=bool(overrides.get("dry_run", False)),
-        extra_overrides=list(overrides.get("extra_overrides", [])),
-    )
-    if rec.get("status") not in ("ok", "dry-run", "skipped"):
-        raise RuntimeError(f"cluster run failed: {rec}")
-    return Path(rec.get("run_dir") or Path(out_dir).resolve() / "areal" / setting / f"seed{seed}")
-
-
-def run_setting(
-    setting: str,  # setting name
-    seed: int = 0,  # run seed
-    steps: int | None = None,  # training steps (None: the backend's default)
-    backend: str = "mini",  # 'mini' (CPU testbed) or 'areal' (cluster)
-    out_dir: str = "runs",  # run folders go to <out_dir>/<backend>/<setting>/seed<seed>/
-    smoke: bool = False,  # a seconds-long run with a tiny model (tests)
-    overrides: dict | None = None,  # further run options (MiniRunConfig fields)
-    resume: bool = False,  # continue from the last checkpoint
-    log=print,
-    overwrite: bool = False,  # a fresh run may replace a run already in the folder
-    allow_config_change: bool = False,  # a resume may change options that change results (recorded)
-) -> Path:
-    "Run one setting x seed; returns its run folder."
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
-    if setting not in list_settings():
-        raise ValueError(f"unknown setting {setting!r}; valid settings: {', '.join(list_settings())}")
-    if backend == "areal":
-        return _run_areal(setting, seed, steps, out_dir, overrides or {})
-    return train_run(
-        make_config(setting, seed, steps, backend, out_dir, smoke, overrides),
-        resume=resume,
-        log=log,
-        overwrite=overwrite,
-        allow_config_change=allow_config_change,
-    )
-
-# %% ../../nbs/32_mini.cli.ipynb #545d2dde
-def plot_run(run_dir, smooth: int = 10):
-    "Accuracy, held-out accuracy, DIS and critic curves of one run folder (matplotlib figure)."
-    import matplotlib.pyplot as plt
-
-    ms = read_metrics(run_dir)
-    if not ms:
-        print(f"no metrics yet in {run_dir}")
-        return None
-    panels = [
-        ("acc", "online accuracy"),
-        ("eval/acc", "held-out accuracy"),
-        ("dis/kept_frac", "DIS kept fraction"),
-        ("dis/outside_band_frac", "tokens outside [0.3, 5]"),
-        ("adv/std", "advantage std"),
-        ("critic/explained_var", "critic explained variance"),
-    ]
-    panels = [p for p in panels if any(p[0] in m for m in ms)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
-    for ax, (k, title) in zip(axes[0], panels):
-        xs = [m["step"] for m in ms if m.get(k) is not None]
-        ys = np.array([m[k] for m in ms if m.get(k) is not None], dtype=float)
-        if k != "eval/acc" and len(ys) >= smooth:
-            ys = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
-            xs = xs[smooth - 1 :]
-        ax.plot(xs, ys, marker="o" if k == "eval/acc" else None)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-    fig.suptitle(str(run_dir), fontsize=9)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/32_mini.cli.ipynb #ef3d64fd
-def _switch(help_: str):
-    return field(default=False, metadata={"help": help_})
-
-
-@dataclass(kw_only=True)
-class RunCommand:
-    "`sao-repro run`'s own switches; its run options are the fields of `MiniRunConfig`."
-
-    resume: bool = _switch("continue from the last checkpoint of the run folder")
-    overwrite: bool = _switch("replace a run already in the run folder (deletes it)")
-    allow_config_change: bool = _switch(
-        "with --resume: allow options that differ from the checkpoint's (recorded as a change)"
-    )
-    smoke: bool = _switch(
-        "seconds-long run with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)"
-    )
-
-
-def setting_choice():
-    "The registered settings as a `Literal` type, read when a command line is parsed."
-    return Literal[tuple(list_settings())]
-
-# %% ../../nbs/32_mini.cli.ipynb #3c5e9a11
-def command_options(
-    command: type,  # the command's own options (a kw-only dataclass)
-    base: MiniRunConfig,  # its values are the run options' defaults
-    skip=(),  # `MiniRunConfig` fields the command sets itself
-    required=(),  # run options without a default
-    types: dict | None = None,  # name -> type on the command line (e.g. the settings registry)
-) -> type:
-    "One dataclass per command line: the command's fields, then `MiniRunConfig`'s (same names, types, help)."
-    hints = {**get_type_hints(command), **get_type_hints(MiniRunConfig), **(types or {})}
-    own = [
-        (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
-        for f in fields(command)
-    ]
-    run = [
-        (
-            f.name,
-            hints[f.name],
-            field(metadata=f.metadata)
-            if f.name in required
-            else field(default=getattr(base, f.name), metadata=f.metadata),
-        )
-        for f in fields(MiniRunConfig)
-        if f.name not in skip
-    ]
-    return make_dataclass(command.__name__, own + run, bases=(command,), kw_only=True)
-
-
-def _renamed_flag(arg: str) -> str:
-    "A flag under an option's old spelling (`RENAMED_OPTIONS`, e.g. --traj-per-step) as its name (--trajectories-per-step)."
-    flag, eq, value = arg.partition("=")
-    for old, new in RENAMED_OPTIONS.items():
-        if flag in (f"--{old}", f"--{old.replace('_', '-')}"):
-            return f"--{new.replace('_', '-')}" + eq + value
-    return arg
-
-
-def parse_command(cls: type, argv: list[str], prog: str, description: str):
-    "Parse ARGV into `cls` with tyro (exit 2 naming the option on a bad one); switches are plain `--flag`s."
-    argv = [_renamed_flag(a) for a in (argv if argv is not None else sys.argv[1:])]
-    return tyro.cli(cls, args=argv, prog=prog, description=description, config=(tyro.conf.FlagCreatePairsOff,))
-
-
-def run_overrides(opts, base: MiniRunConfig, skip=()) -> dict:
-    "The run options set on the command line: the `MiniRunConfig` fields of `opts` that differ from `base`."
-    return {
-        f.name: getattr(opts, f.name)
-        for f in fields(MiniRunConfig)
-        if f.name not in skip and hasattr(opts, f.name) and getattr(opts, f.name) != getattr(base, f.name)
-    }
+__all__ = ['run_options', 'run_main']
 
 # %% ../../nbs/32_mini.cli.ipynb #8a4f2b67
 def run_options(argv: list[str]) -> tuple:
@@ -344,302 +131,3 @@ def run_main(argv: list[str] | None = None) -> int:
     ms = read_metrics(d)
     print(f"run folder: {d}  ({len(ms)} steps)")
     return 0
-
-# %% ../../nbs/32_mini.cli.ipynb #b37195c8
-def find_run_notebook() -> Path:
-    "experiments/run_setting.ipynb of this checkout (or of the current directory)."
-    import sao_repro
-
-    for base in (Path(sao_repro.__file__).resolve().parent.parent, Path.cwd()):
-        p = base / "experiments" / "run_setting.ipynb"
-        if p.exists():
-            return p
-    raise FileNotFoundError(
-        "experiments/run_setting.ipynb not found next to the package or in the current "
-        "directory; run from the repository root or pass --notebook"
-    )
-
-
-def check_parameters_cell(notebook: Path):
-    "Papermill needs a cell tagged `parameters` (without it the defaults would override the injected values)."
-    nb = json.loads(Path(notebook).read_text())
-    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]):
-        raise ValueError(
-            f"{notebook} has no cell tagged 'parameters' (a notebook cleaner may have stripped "
-            "cell tags); restore the tag before running compare"
-        )
-
-
-def run_params(
-    setting: str,
-    seed: int,
-    steps: int | None,
-    backend: str,
-    out: str,
-    smoke: bool,
-    overrides: dict,
-    resume: bool = False,
-    overwrite: bool = False,
-) -> dict:
-    "The run notebook's papermill parameters for one (setting, seed) (`out`: made absolute)."
-    params = {
-        "setting": setting,
-        "seed": seed,
-        "steps": steps if steps is not None else MiniRunConfig.steps,
-        "backend": backend,
-        "out_dir": str(Path(out).resolve()),
-        "smoke": smoke,
-        "overrides": overrides,
-    }
-    if resume:
-        params["resume"] = True
-    if overwrite:
-        params["overwrite"] = True
-    return params
-
-
-def execute_run(
-    notebook: Path,
-    setting: str,
-    seed: int,
-    steps: int | None,
-    backend: str,
-    out: str,
-    smoke: bool,
-    overrides: dict,
-    resume: bool = False,
-    overwrite: bool = False,
-) -> Path:
-    "Execute the run notebook for one (setting, seed); the executed copy lands in the run folder (`resume`: continue it)."
-    out = Path(out).resolve()  # absolute paths only: runs execute side by side in threads of one process
-    run_dir = out / backend / setting / f"seed{seed}"
-    if backend == "mini" and not resume:
-        check_fresh(run_dir, overwrite)  # before the executed notebook of the earlier run is replaced
-    with lock_run_dir(run_dir, "notebook run"):  # the kernel's run holds it as its parent's
-        return _execute_locked(
-            notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite
-        )
-
-
-def _execute_locked(notebook, run_dir, setting, seed, steps, backend, out, smoke, overrides, resume, overwrite) -> Path:
-    if backend == "mini" and not resume:
-        check_fresh(run_dir, overwrite)  # again under the lock: another process may have started it meanwhile
-    params = run_params(setting, seed, steps, backend, str(out), smoke, overrides, resume, overwrite)
-    run_notebook(Path(notebook).resolve(), run_dir / "run_setting.ipynb", params)
-    return run_dir
-
-# %% ../../nbs/32_mini.cli.ipynb #8debba7b
-@dataclass(kw_only=True)
-class CompareCommand:
-    "`sao-repro compare`'s own options; its run options are the fields of `MiniRunConfig` (but setting and seed)."
-
-    settings: list[str] = field(
-        default_factory=lambda: list_settings("comparison"),
-        metadata={
-            "help": "settings to compare (default: the five compared settings; the paper's ablation arms by name)"
-        },
-    )
-    seeds: int = field(default=1, metadata={"help": "seeds 0..N-1 per setting"})
-    jobs: int = field(default=2, metadata={"help": "runs executed side by side (one per core)"})
-    window: int = field(default=50, metadata={"help": "start/end window in steps for the summary"})
-    notebook: str | None = field(default=None, metadata={"help": "run notebook (None: experiments/run_setting.ipynb)"})
-    overwrite: bool = _switch(
-        "run every (setting, seed) again from scratch, replacing finished and partial runs "
-        "(without it: finished runs are skipped, partial ones resumed)"
-    )
-    ray: str | None = field(
-        default=None,
-        metadata={
-            "help": "run each (setting, seed) as a Ray task: 'auto' (the running "
-            "cluster), an address, or 'local' (a Ray instance on this machine); --jobs is then unused"
-        },
-    )
-    smoke: bool = _switch(
-        "seconds-long runs with a tiny model, at most 4 steps (for tests; `--smoke --help` shows its defaults)"
-    )
-    record: str | None = field(
-        default=None,
-        metadata={
-            "help": "also save the final table as a results file (e.g. "
-            "nbs/results/mini_study.json: the command, the commit and the code's fingerprint; sao_repro.results)"
-        },
-    )
-
-    def __post_init__(self):
-        "Counts that must be >= 1 (exit 2 before anything runs)."
-        for name in ("seeds", "jobs", "window", "steps"):
-            v = getattr(self, name, None)
-            if v is not None and v < 1:
-                raise ValueError(f"--{name} {v}: must be >= 1")
-
-
-def compare_options(argv: list[str]) -> tuple:
-    "`sao-repro compare` ARGV -> (options, run overrides); exit 2 on a bad flag or value."
-    base = make_config("sao", smoke="--smoke" in argv)
-    cls = command_options(CompareCommand, base, skip=("setting", "seed"), types={"settings": list[setting_choice()]})
-    a = parse_command(
-        cls,
-        argv,
-        "sao-repro compare",
-        "Run every (setting, seed) through the papermill notebook "
-        "experiments/run_setting.ipynb and print accuracy start -> end over seeds. "
-        "The options after --smoke are the runs' (MiniRunConfig fields but setting and seed).",
-    )
-    return a, run_overrides(a, base, skip=("steps", "backend", "out"))
-
-# %% ../../nbs/32_mini.cli.ipynb #ed10bf22
-def _compare_plan(a, ov: dict) -> tuple[dict, list[str]]:
-    "Every option checked before any run starts, as `run` and `sweep` do: per setting its run options (knobs it lacks the part for left out), and a note per knob left out."
-    if a.backend != "mini":
-        check_areal_overrides(ov)
-        return {s: ov for s in a.settings}, []
-    ovs, notes = fit_knobs(a.settings, resolve_inputs(ov))
-    check_inputs(
-        [make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]) for s in a.settings for k in range(a.seeds)]
-    )
-    return ovs, notes
-
-
-def _compare_state(a, ovs: dict, setting: str, seed: int) -> str:
-    "'done' (skip), 'partial' (resume) or 'new' for one compare run ('new' for all with --overwrite or the cluster)."
-    if a.overwrite or a.backend != "mini":
-        return "new"
-    steps = make_config(setting, seed, a.steps, a.backend, a.out, a.smoke, ovs[setting]).steps
-    return run_state(Path(a.out) / a.backend / setting / f"seed{seed}", steps)
-
-# %% ../../nbs/32_mini.cli.ipynb #a0949dff
-def prebuild_warm_start(a, ov):
-    "Build the shared warm start once, before the parallel runs."
-    from sao_repro.mini.model import warm_start
-
-    for s in a.settings:
-        try:
-            cfg = make_config(s, 0, a.steps, a.backend, a.out, a.smoke, ov)
-        except ValueError:  # this setting's run will fail and be reported; try the next one
-            continue
-        warm_start(cfg.task(), cfg.model(), cfg.pretrain())
-        return
-
-
-def _compare_local(a, ovs, nb, todo, bar) -> list[tuple]:
-    "The runs `todo` in a local thread pool of `a.jobs` (`ovs`: setting -> its run options); returns the failed (setting, seed, error)."
-    failed = []
-    with ThreadPoolExecutor(max(1, a.jobs)) as ex:
-        futs = {
-            ex.submit(
-                execute_run, nb, s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite
-            ): (s, k)
-            for s, k, st in todo
-        }
-        for f in as_completed(futs):
-            s, k = futs[f]
-            if f.exception() is not None:
-                failed.append((s, k, f.exception()))
-                bar.write(f"FAILED {s} seed{k}: {str(f.exception()).strip().splitlines()[-1][:300]}")
-            bar.update(1)
-    return failed
-
-
-def _compare_on_ray(a, ovs, nb, todo, bar) -> list[tuple]:
-    "The runs `todo` as Ray tasks (`sao_repro.mini.raytasks`; `ovs`: setting -> its run options); returns the failed (setting, seed, error)."
-    from sao_repro.mini.raytasks import run_on_ray
-
-    if a.backend != "mini":
-        raise ValueError("--ray runs the CPU testbed (backend mini)")
-    jobs = [
-        {
-            "name": f"{s} seed{k}",
-            "setting": s,
-            "seed": k,
-            "cfg": make_config(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s]),
-            "run_dir": Path(a.out).resolve() / "mini" / s / f"seed{k}",
-            "params": run_params(s, k, a.steps, a.backend, a.out, a.smoke, ovs[s], st == "partial", a.overwrite),
-        }
-        for s, k, st in todo
-    ]
-    return [(j["setting"], j["seed"], e) for j, e in run_on_ray(nb, jobs, a.ray, bar)]
-
-
-def batch_exits(prog: str, t0: float) -> ExitOn:
-    """The exits of a batch of runs (`compare`, `sweep`) started at `t0`: Ray refusing the connection after the check
-    exits 2 naming why; Ctrl-C exits 130 (Ray: the tasks in flight are cancelled; every run folder resumes as it is)."""
-    return ExitOn(
-        prog,
-        (RayUnavailable, 2, ""),
-        (
-            KeyboardInterrupt,
-            130,
-            lambda e: (
-                f"interrupted after {time.time() - t0:.0f} s; finished runs are kept and the others "
-                "resume: run the same command again"
-            ),
-        ),
-        lead="\n",  # below the progress bar
-    )
-
-
-def compare_main(argv: list[str] | None = None) -> int:
-    "`sao-repro compare`: exit 0 when every run finished, 1 when some failed (listed), 2 on a bad option (before any run), 130 when interrupted."
-    from tqdm.auto import tqdm
-
-    a, ov = compare_options(list(sys.argv[1:] if argv is None else argv))
-    nb = Path(a.notebook) if a.notebook else find_run_notebook()
-    check_parameters_cell(nb)
-    if a.ray is not None and a.backend != "mini":
-        print("sao-repro compare: --ray runs the CPU testbed (backend mini)", file=sys.stderr)
-        return 2
-    with ExitOn("sao-repro compare", ((ValueError, OSError), 2, "error: ")) as planned:
-        ovs, notes = _compare_plan(a, ov)  # every option, critic_init's file among them, before any run or folder
-    if planned.code is not None:
-        return planned.code
-    for note in notes:  # the knobs left out for some settings, and why
-        print(note)
-    if not ray_ready("sao-repro compare", a.ray):  # a cluster that is not there, or not Ray, before any run starts
-        return 2
-    jobs = [(s, k, _compare_state(a, ovs, s, k)) for s in a.settings for k in range(a.seeds)]
-    done = [(s, k) for s, k, st in jobs if st == "done"]
-    if done:
-        print(
-            f"{len(done)} finished run(s) skipped (--overwrite runs them again): "
-            + ", ".join(f"{s} seed{k}" for s, k in done)
-        )
-    t0 = time.time()
-    todo = [(s, k, st) for s, k, st in jobs if st != "done"]
-    with batch_exits("sao-repro compare", t0) as ran:
-        with tqdm(total=len(jobs), initial=len(done), desc="compare", unit="run") as bar:
-            if a.ray is not None:
-                failed = _compare_on_ray(a, ovs, nb, todo, bar)
-            else:
-                if a.backend == "mini" and todo:
-                    prebuild_warm_start(a, ovs[a.settings[0]])
-                failed = _compare_local(a, ovs, nb, todo, bar)
-    if ran.code is not None:
-        return ran.code
-    rows = summarize(a.out, a.settings, list(range(a.seeds)), a.backend, a.window)
-    summ = Path(a.out) / a.backend / "summary.md"
-    table, rest = format_summary(rows), ""
-    if a.backend == "mini":  # one table to act on; the effects, both verdicts and the rest go to summary.md
-        pt = point_summary(Path(a.out), a.settings, list(range(a.seeds)), a.window)
-        table, rest = study_table(pt, a.window), study_tables({"window": a.window, "points": [{"label": None, **pt}]})
-    print(
-        f"\n{len(jobs) - len(failed)}/{len(jobs)} runs finished in {time.time() - t0:.0f} s; run folders under "
-        f"{Path(a.out) / a.backend}; every table in {summ}\n"
-    )
-    print(table)
-    command = f"sao-repro compare {shlex.join(list(sys.argv[1:] if argv is None else argv))}"
-    summ.write_text(
-        f"`{command}`\n\n" + "".join(f"{n}\n\n" for n in notes) + "\n\n".join(t for t in (table, rest) if t) + "\n"
-    )
-    (Path(a.out) / a.backend / "summary.json").write_text(json.dumps(rows, indent=1))
-    for s, k, _e in failed:
-        print(
-            f"failed: {s} seed{k} ({Path(a.out) / a.backend / s / f'seed{k}' / 'run_setting.ipynb'})", file=sys.stderr
-        )
-    if a.record and not failed:
-        from sao_repro.results import record
-
-        record(a.record, command, STUDY_SOURCES, table)
-        print(f"recorded: {a.record}")
-    elif a.record:
-        print(f"not recorded ({len(failed)} run(s) failed): {a.record}", file=sys.stderr)
-    return 1 if failed else 0
