@@ -593,7 +593,9 @@ def test_monitor_loads_a_big_log_in_bounded_parts_and_answers_meanwhile(monitor)
         for path in ("/api/runs", "/", "/api/metrics?run=mini/grpo/seed0"):
             status, _, secs = _get(port, path)
             if not done.is_set():
-                assert status == 200 and secs < 5, (path, secs)
+                # answered while the log is still loading (done unset): the loader does not hold the server; the
+                # bound is generous for a loaded machine (the whole load takes far longer than one bounded read)
+                assert status == 200 and secs < 15, (path, secs)
                 answered += 1
         time.sleep(0.2)
     t.join(timeout=300)
