@@ -204,6 +204,9 @@ MOVED = [  # (module, the module some of its names moved to, those names): the m
         "areal.critic_init",
         ["CRITIC_INIT_ARCH", "_testbed_checkpoint", "critic_init_source", "check_critic_shapes"],
     ),
+    ("report.tables", "report.quoted", ["REFERENCE_SOURCE", "REFERENCE_RESULTS", "reference_table"]),
+    ("report.tables", "report.quoted", ["PAPER_ABLATION_SOURCE", "PAPER_ABLATIONS", "paper_ablation_table"]),
+    ("report.tables", "report.quoted", ["ablation_table"]),
 ]
 
 

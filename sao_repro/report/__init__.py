@@ -20,10 +20,10 @@ __all__ = ['fmt_ci', 'kernel_transport', 'run_notebook', 'REFERENCE_RESULTS', 'R
 # %% ../../nbs/76_report.ipynb #6039161c
 from ..stats import fmt_ci
 from ..nbrun import kernel_transport, run_notebook
-from .tables import REFERENCE_RESULTS, REFERENCE_SOURCE, design_table, distance_table, format_numbers
-from .tables import headline_table, load_runs, numbers_table, reference_table, run_summary, runs_table
-from .tables import health_table, mismatch_table, table_html
-from .tables import PAPER_ABLATIONS, PAPER_ABLATION_SOURCE, ablation_table, paper_ablation_table
+from .quoted import REFERENCE_RESULTS, REFERENCE_SOURCE, reference_table
+from .quoted import PAPER_ABLATIONS, PAPER_ABLATION_SOURCE, ablation_table, paper_ablation_table
+from .tables import design_table, distance_table, format_numbers, headline_table, load_runs
+from .tables import numbers_table, run_summary, runs_table, health_table, mismatch_table, table_html
 from .tables import setting_role
 from .text import display_path, html_id, md_code, provenance, report_base, report_title, runs_block
 from .text import runs_commands, runs_using, testbed_limits

@@ -1,4 +1,4 @@
-"""The numbers the report shows, computed from a runs folder: the reference numbers, the design table, per-run and per-setting accuracy with 95% CIs, the headline table and the distance from the paper.
+"""The numbers the report shows, computed from a runs folder: the design table, per-run and per-setting accuracy with 95% CIs, the headline table and the distance from the paper.
 
 Docs: https://sao-repro.github.io/sao-repro/report.tables.html.md"""
 
@@ -15,74 +15,20 @@ from ..metrics.health import SAO_FLAGS
 from ..settings import get_setting, list_settings
 from ..dis import band_label, band_preset_name, dis_band
 from ..stats import fmt_ci, mean_ci
+from .quoted import REFERENCE_RESULTS as REFERENCE_RESULTS, REFERENCE_SOURCE as REFERENCE_SOURCE
+from .quoted import PAPER_ABLATIONS as PAPER_ABLATIONS, PAPER_ABLATION_SOURCE as PAPER_ABLATION_SOURCE
+from .quoted import ablation_table as ablation_table, paper_ablation_table as paper_ablation_table
+from .quoted import reference_table as reference_table  # the quoted numbers: re-exported
+
+_all_ = ["REFERENCE_RESULTS", "REFERENCE_SOURCE", "PAPER_ABLATIONS", "PAPER_ABLATION_SOURCE", "ablation_table"]
+_all_ += ["paper_ablation_table", "reference_table"]  # re-exported names, in `__all__` too
 
 # %% auto #0
-__all__ = ['REFERENCE_SOURCE', 'REFERENCE_RESULTS', 'PAPER_ABLATION_SOURCE', 'PAPER_ABLATIONS', 'ROLES', 'GROUP_ROLES',
-           'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS', 'reference_table', 'paper_ablation_table',
-           'setting_role', 'design_table', 'load_runs', 'runs_table', 'heldout_summary', 'run_summary', 'numbers_table',
-           'format_numbers', 'fmt_change', 'headline_table', 'ablation_table', 'distance_table', 'health_table',
-           'table_html', 'mismatch_table']
-
-# %% ../../nbs/70_report.tables.ipynb #d0f86aba
-REFERENCE_SOURCE = (
-    "reference implementation, docs/20260725-math-hard-report.md: MATH (hard split), "
-    "Qwen3-4B, 1000 steps; values are the approximate (~) numbers it reported"
-)
-REFERENCE_RESULTS = [
-    {"setting": "sao", "acc_start": 0.40, "acc_end": 0.49, "steps": 1000, "note": ""},
-    {"setting": "grpo", "acc_start": 0.39, "acc_end": 0.15, "steps": 268, "note": "stopped at step 268 after collapse"},
-    {"setting": "grpo_dis", "acc_start": 0.40, "acc_end": 0.57, "steps": 1000, "note": ""},
-    {"setting": "running_mean", "acc_start": 0.40, "acc_end": 0.10, "steps": 1000, "note": ""},
-    {"setting": "single_dis", "acc_start": 0.40, "acc_end": 0.43, "steps": 1000, "note": ""},
-]
-
-
-def _trajectories(c: dict):
-    "Trajectories per step from a run's config.json (runs made before the option's rename call it traj_per_step)."
-    return c.get("trajectories_per_step", c.get("traj_per_step"))
-
-
-def reference_table() -> pd.DataFrame:
-    "The reference implementation's reported numbers (MATH / Qwen3-4B / 1000 steps), formatted."
-    rows = [
-        {
-            "setting": r["setting"],
-            "accuracy start -> end (reported)": f"~{r['acc_start']:.0%} -> ~{r['acc_end']:.0%}",
-            "steps": r["steps"],
-            "note": r["note"],
-        }
-        for r in REFERENCE_RESULTS
-    ]
-    return pd.DataFrame(rows)
-
-# %% ../../nbs/70_report.tables.ipynb #5eaebef8
-PAPER_ABLATION_SOURCE = (
-    "the SAO paper (arXiv:2607.07508), its ablation table (Table 4): AIME25 accuracy (%), Qwen3-30B-A3B, as its "
-    "readers quote it; its SAO has the frozen-attention critic, and each row removes one component from it"
-)
-PAPER_ABLATIONS = [  # quoted, never measured here; `pair` names the testbed pair (sao_repro.mini.summary.ABLATIONS)
-    {"row": "SAO", "aime25": 97.3, "pair": "-"},
-    {"row": "K=1", "aime25": 95.0, "pair": "sao - sao_k1"},
-    {"row": "no frozen attention", "aime25": 90.6, "pair": "sao_frozen - sao"},
-    {"row": "no DIS (vanilla VAPO)", "aime25": 91.3, "pair": "sao - vapo"},
-    {"row": "running mean", "aime25": 79.8, "pair": "sao - running_mean"},
-]
-
-
-def paper_ablation_table() -> pd.DataFrame:
-    "The paper's published ablation numbers, quoted (AIME25 %), with SAO's lead over each row and the testbed pair that asks the same."
-    top = PAPER_ABLATIONS[0]["aime25"]
-    return pd.DataFrame(
-        [
-            {
-                "the paper's row": r["row"],
-                "AIME25 % (quoted)": f"{r['aime25']:.1f}",
-                "SAO minus the row, points (quoted)": "-" if r["row"] == "SAO" else f"{top - r['aime25']:+.1f}",
-                "the testbed's pair": r["pair"],
-            }
-            for r in PAPER_ABLATIONS
-        ]
-    )
+__all__ = ['ROLES', 'GROUP_ROLES', 'RUN_COLUMNS', 'NUMBER_COLUMNS', 'MISMATCH_COLUMNS', 'setting_role', 'design_table',
+           'load_runs', 'runs_table', 'heldout_summary', 'run_summary', 'numbers_table', 'format_numbers', 'fmt_change',
+           'headline_table', 'distance_table', 'health_table', 'table_html', 'mismatch_table', 'REFERENCE_RESULTS',
+           'REFERENCE_SOURCE', 'PAPER_ABLATIONS', 'PAPER_ABLATION_SOURCE', 'ablation_table', 'paper_ablation_table',
+           'reference_table']
 
 # %% ../../nbs/70_report.tables.ipynb #d2315db8
 ROLES = {
@@ -236,6 +182,11 @@ def heldout_summary(
     s = summarize_runs(ev, 1, end_steps, metrics=("eval/acc",))
     return pd.DataFrame({"run": s.run, "heldout_start": s["start_eval/acc"], "heldout_end": s["end_eval/acc"]})
 
+# %% ../../nbs/70_report.tables.ipynb #5c0a7e21
+def _trajectories(c: dict):
+    "Trajectories per step from a run's config.json (runs made before the option's rename call it traj_per_step)."
+    return c.get("trajectories_per_step", c.get("traj_per_step"))
+
 # %% ../../nbs/70_report.tables.ipynb #357d32a3
 def run_summary(df: pd.DataFrame, runs_df: pd.DataFrame, start_steps: int = 50, end_steps: int = 50) -> pd.DataFrame:
     "One row per run: backend, setting, seed, steps, trajectories per step, start / end window mean of `acc`, held-out start / end."
@@ -358,38 +309,6 @@ def headline_table(
         fmt_change(*r) for r in zip(nt.acc_start, nt.acc_start_ci, nt.acc_end, nt.acc_end_ci)
     ]
     return out
-
-
-def ablation_table(
-    res: dict,  # a sweep's results.json (`sao_repro.mini.sweep.sweep_results`)
-) -> pd.DataFrame:
-    "The sweep's `ablations` rows (measured on the testbed, paired by seed): one per point x pair; empty without an arm."
-    return pd.DataFrame(
-        [
-            {
-                "point": p["label"],
-                "the paper's row": r["row"],
-                "pair A - B": r["pair"],
-                "pairs": r["heldout_n"],
-                "held-out": fmt_ci(r["heldout"], r["heldout_ci"]),
-                "verdict (held-out)": r["heldout_verdict"],
-                "online": fmt_ci(r["online"], r["online_ci"]),
-                "verdict (online)": r["online_verdict"],
-            }
-            for p in res["points"]
-            for r in p.get("ablations") or []
-        ],
-        columns=[
-            "point",
-            "the paper's row",
-            "pair A - B",
-            "pairs",
-            "held-out",
-            "verdict (held-out)",
-            "online",
-            "verdict (online)",
-        ],
-    )
 
 # %% ../../nbs/70_report.tables.ipynb #99f8983d
 def _data_line(c: dict) -> str | None:

@@ -12,7 +12,8 @@ import shlex
 from pathlib import Path
 import pandas as pd
 from ..mini.train import MiniRunConfig
-from .tables import REFERENCE_RESULTS, _order, _setting_spec
+from .quoted import REFERENCE_RESULTS
+from .tables import _order, _setting_spec
 
 # %% auto #0
 __all__ = ['BACKEND_NAMES', 'md_text', 'md_code', 'html_id', 'run_command', 'runs_commands', 'compact_paths', 'provenance',
