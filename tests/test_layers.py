@@ -207,6 +207,23 @@ MOVED = [  # (module, the module some of its names moved to, those names): the m
     ("report.tables", "report.quoted", ["REFERENCE_SOURCE", "REFERENCE_RESULTS", "reference_table"]),
     ("report.tables", "report.quoted", ["PAPER_ABLATION_SOURCE", "PAPER_ABLATIONS", "paper_ablation_table"]),
     ("report.tables", "report.quoted", ["ablation_table"]),
+    (
+        "mini.summary",
+        "mini.points",
+        ["EFFECT_PAIRS", "ABLATIONS", "run_windows", "summarize", "format_summary", "ablation_rows", "point_summary"],
+    ),
+    (
+        "mini.summary",
+        "mini.points",
+        ["json_ready", "format_results", "format_scaled", "_verdict", "_ends", "_head", "_row"],
+    ),
+    (
+        "mini.summary",
+        "mini.phenomena",
+        ["RESOLVE_MAX_SEEDS", "phenomena", "format_phenomena", "forms_side_by_side", "format_forms"],
+    ),
+    ("mini.summary", "mini.phenomena", ["seeds_to_resolve", "what_resolves"]),
+    ("mini.summary", "mini.effects", ["KNOB_DIAGNOSTICS", "knob_effects", "format_knob_effects", "format_ablations"]),
 ]
 
 
@@ -222,21 +239,12 @@ def test_names_moved_out_of_a_module_are_still_importable_from_it(old, new, name
 
 
 MAX_MODULE_LINES, MAX_FACE_LINES = 450, 80  # a module does one job; a package's __init__.py only re-exports
-SPLIT_PENDING = {  # modules still over the limit, each to be split by job; remove a name once its module is split
-    "mini/summary.py",
-}
 MODULES = sorted(
     str(p.relative_to(ROOT / "sao_repro")) for p in (ROOT / "sao_repro").rglob("*.py") if p.name != "_modidx.py"
 )
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="split pending")) if m in SPLIT_PENDING else m
-        for m in MODULES
-    ],
-)
+@pytest.mark.parametrize("module", MODULES)
 def test_every_module_is_short_and_every_package_face_only_re_exports(module):
     "Physical lines as `wc -l` counts them: at most 450 per module, under 80 per package `__init__.py`."
     with open(ROOT / "sao_repro" / module, "rb") as f:
@@ -244,7 +252,3 @@ def test_every_module_is_short_and_every_package_face_only_re_exports(module):
     face = module.endswith("__init__.py")
     limit = MAX_FACE_LINES - 1 if face else MAX_MODULE_LINES
     assert n <= limit, f"sao_repro/{module}: {n} lines, over the {'face' if face else 'module'} limit of {limit}"
-
-
-def test_the_split_pending_set_names_modules_that_exist():
-    assert SPLIT_PENDING <= set(MODULES), SPLIT_PENDING - set(MODULES)

@@ -84,13 +84,13 @@ def test_a_changed_source_makes_a_result_stale_in_a_copy(tmp_path):
     cmd = "sao-repro compare --seeds 3 --out runs --record nbs/results/study.json"
     rec = record(tmp_path / "nbs" / "results" / "study.json", cmd, STUDY_SOURCES, "| t |\n|---|\n| 1 |", root=tmp_path)
     assert status(rec, tmp_path) == "fresh" and "Stale" not in render(rec, tmp_path)
-    summary = tmp_path / "sao_repro" / "mini" / "summary.py"
-    before = summary.read_text()
-    summary.write_text(before.replace("def run_windows(", "def run_windows(  ", 1))
+    points = tmp_path / "sao_repro" / "mini" / "points.py"  # run_windows: the windows every table of the study reads
+    before = points.read_text()
+    points.write_text(before.replace("def run_windows(", "def run_windows(  ", 1))
     assert status(load(tmp_path / "nbs" / "results" / "study.json"), tmp_path) == "stale"
     page = render(rec, tmp_path)
     assert page.startswith("> **Stale:**") and "`sao-repro results refresh study`" in page and f"`{cmd}`" in page
-    summary.write_text(before)
+    points.write_text(before)
     assert status(rec, tmp_path) == "fresh"
 
 

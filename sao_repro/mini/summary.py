@@ -6,532 +6,73 @@ Docs: https://sao-repro.github.io/sao-repro/mini.summary.html.md"""
 
 # %% ../../nbs/31_mini.summary.ipynb #8ebdb5a3
 from __future__ import annotations
-import json
-import math
-from pathlib import Path
 
-import numpy as np
-from scipy.stats import t as student_t
+from ..stats import fmt_ci
+from sao_repro.mini.points import (
+    ABLATIONS as ABLATIONS,
+    EFFECT_PAIRS as EFFECT_PAIRS,
+    _cols as _cols,
+    _ends as _ends,
+    _head as _head,
+    _heldout_change as _heldout_change,
+    _poi_verdict as _poi_verdict,
+    _row as _row,
+    _verdict as _verdict,
+    ablation_rows as ablation_rows,
+    format_results as format_results,
+    format_scaled as format_scaled,
+    format_summary as format_summary,
+    json_ready as json_ready,
+    point_summary as point_summary,
+    run_windows as run_windows,
+    summarize as summarize,
+)  # per run and per point
+from sao_repro.mini.phenomena import (
+    RESOLVE_MAX_SEEDS as RESOLVE_MAX_SEEDS,
+    format_forms as format_forms,
+    format_phenomena as format_phenomena,
+    forms_side_by_side as forms_side_by_side,
+    phenomena as phenomena,
+    seeds_to_resolve as seeds_to_resolve,
+    what_resolves as what_resolves,
+)  # the phenomena and what resolves them
+from sao_repro.mini.effects import (
+    KNOB_DIAGNOSTICS as KNOB_DIAGNOSTICS,
+    _diagnostic as _diagnostic,
+    format_ablations as format_ablations,
+    format_knob_effects as format_knob_effects,
+    knob_effects as knob_effects,
+)  # knob effects and the paper's ablations
 
-from .runfolder import read_metrics
-from ..settings import list_settings
-from ..stats import SCALED_MIN_SEEDS, fmt_ci, fmt_interval, iqm_ci, mean_ci, paired_effect, prob_improvement
+_all_ = [
+    "EFFECT_PAIRS",
+    "ABLATIONS",
+    "KNOB_DIAGNOSTICS",
+    "RESOLVE_MAX_SEEDS",
+    "run_windows",
+    "summarize",
+    "format_summary",
+    "ablation_rows",
+    "point_summary",
+    "json_ready",
+    "format_results",
+    "phenomena",
+    "format_phenomena",
+    "forms_side_by_side",
+    "format_forms",
+    "knob_effects",
+    "format_knob_effects",
+    "format_scaled",
+    "format_ablations",
+    "seeds_to_resolve",
+    "what_resolves",
+]  # re-exported names, in `__all__` too
 
 # %% auto #0
-__all__ = ['EFFECT_PAIRS', 'ABLATIONS', 'KNOB_DIAGNOSTICS', 'RESOLVE_MAX_SEEDS', 'run_windows', 'summarize', 'format_summary',
-           'ablation_rows', 'point_summary', 'json_ready', 'format_results', 'phenomena', 'format_phenomena',
-           'forms_side_by_side', 'format_forms', 'knob_effects', 'format_knob_effects', 'format_scaled',
-           'format_ablations', 'study_tables', 'seeds_to_resolve', 'what_resolves', 'study_table']
-
-# %% ../../nbs/31_mini.summary.ipynb #607c3e79
-def run_windows(run_dir, window: int = 50, key: str = "acc") -> dict:
-    """Start / end window means of `key` in one run (the first and last `window` steps that logged it as a finite
-    number, as the report and `sao_repro.metrics.summarize_runs` take them: they overlap in runs shorter than
-    2 x window), and the held-out accuracy at the first evaluation and averaged over the evaluations inside the
-    end window."""
-    all_ms = read_metrics(run_dir)
-    ms = [
-        m for m in all_ms if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])
-    ]  # NaN: e.g. degenerate returns
-    if not ms:
-        return {}
-    w = max(1, window)
-    ev = [(m["step"], m["eval/acc"]) for m in all_ms if m.get("eval/acc") is not None]
-    last = ms[-1]["step"]
-    ev_end = [a for s, a in ev if s > last - w] or [a for _, a in ev[-1:]]
-    return {
-        "start": float(np.mean([m[key] for m in ms[:w]])),
-        "end": float(np.mean([m[key] for m in ms[-w:]])),
-        "window": w,
-        "steps": last,
-        "eval_first": ev[0][1] if ev else None,
-        "eval_end": float(np.mean(ev_end)) if ev_end else None,
-    }
-
-# %% ../../nbs/31_mini.summary.ipynb #d3019a8d
-def summarize(out: str, settings: list[str], seeds: list[int], backend: str = "mini", window: int = 50) -> list[dict]:
-    "One row per setting: seeds found, accuracy start -> end (mean, CI), held-out accuracy first -> last."
-    rows = []
-    for s in settings:
-        ws = [run_windows(Path(out) / backend / s / f"seed{k}", window) for k in seeds]
-        ws = [w for w in ws if w]
-        row = {"setting": s, "n_seeds": len(ws)}
-        for part in ("start", "end"):
-            row[f"acc_{part}"], row[f"acc_{part}_ci"], _ = mean_ci([w[part] for w in ws])
-        row["delta"], row["delta_ci"], _ = mean_ci([w["end"] - w["start"] for w in ws])
-        row["eval_first"], row["eval_first_ci"], _ = mean_ci([w["eval_first"] for w in ws])
-        row["eval_end"], row["eval_end_ci"], _ = mean_ci([w["eval_end"] for w in ws])
-        row["window"] = min((w["window"] for w in ws), default=None)
-        rows.append(row)
-    return rows
-
-
-def format_summary(rows: list[dict]) -> str:
-    "Markdown table of `summarize` rows."
-    w = rows[0]["window"] if rows else 50
-    out = [
-        f"| setting | seeds | acc start (first {w}) | acc end (last {w}) | end - start | held-out step 1 -> end window |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['setting']} | {r['n_seeds']} | {fmt_ci(r['acc_start'], r['acc_start_ci'])} | "
-            f"{fmt_ci(r['acc_end'], r['acc_end_ci'])} | {fmt_ci(r['delta'], r['delta_ci'])} | "
-            f"{fmt_ci(r['eval_first'], r.get('eval_first_ci'))} -> {fmt_ci(r['eval_end'], r['eval_end_ci'])} |"
-        )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #1ac8db4e
-EFFECT_PAIRS = (
-    ("DIS", "grpo_dis", "grpo"),
-    ("DIS", "single_dis", "running_mean"),
-    ("critic", "sao", "single_dis"),
-    ("method", "sao", "grpo"),
-)
-# the paper's ablation rows (its Table 4) as pairs A - B of settings, A with the component the row removes, B without:
-# a sweep holding an ablation arm (sao_repro.settings.list_settings("ablation")) gets one row per pair it holds
-ABLATIONS = (
-    ("no DIS (vanilla VAPO)", "sao", "vapo"),
-    ("K=1", "sao", "sao_k1"),
-    ("no frozen attention", "sao_frozen", "sao"),
-    ("running mean", "sao", "running_mean"),
-)
-
-# %% ../../nbs/31_mini.summary.ipynb #c2f147c4
-def _ends(root: Path, s: str, seeds, window: int, part: str = "end") -> dict:
-    "seed -> `part` of the run's windows ('end': online accuracy, 'eval_end': held-out accuracy)."
-    ws = {k: run_windows(root / "mini" / s / f"seed{k}", window) for k in seeds}
-    return {k: w[part] for k, w in ws.items() if w and w.get(part) is not None}
-
-
-def _heldout_change(root: Path, s: str, seeds, window: int) -> tuple[float, float]:
-    "Held-out accuracy, end window minus the first evaluation: mean and 95% CI over seeds."
-    first, end = _ends(root, s, seeds, window, "eval_first"), _ends(root, s, seeds, window, "eval_end")
-    return mean_ci([end[k] - first[k] for k in sorted(set(first) & set(end))])[:2]
-
-
-def ablation_rows(
-    root: Path,  # a runs folder: <root>/mini/<setting>/seed<k>/
-    settings: list[str],
-    seeds: list[int],
-    window: int = 50,
-) -> list[dict]:
-    "One row per `ABLATIONS` pair among `settings` (none without an ablation arm): A - B of end accuracy, paired by seed."
-    if not set(settings) & set(list_settings("ablation")):
-        return []
-    rows = []
-    for row, a, b in ABLATIONS:
-        if a in settings and b in settings:
-            r = {"row": row, "pair": f"{a} - {b}"}
-            for part, name in (("end", "online"), ("eval_end", "heldout")):
-                m, h, n = paired_effect(*(_ends(Path(root), x, seeds, window, part) for x in (a, b)))
-                r.update({name: m, f"{name}_ci": h, f"{name}_n": n, f"{name}_verdict": _verdict(m, h)})
-            rows.append(r)
-    return rows
-
-
-def point_summary(
-    root: Path,  # a runs folder: <root>/mini/<setting>/seed<k>/
-    settings: list[str],
-    seeds: list[int],
-    window: int = 50,
-) -> dict:
-    "Rows per setting (accuracy start -> end, held-out change) and the paired effects of one runs folder."
-    root = Path(root)
-    rows = summarize(str(root), settings, seeds, "mini", window)
-    for r in rows:
-        r["eval_delta"], r["eval_delta_ci"] = _heldout_change(root, r["setting"], seeds, window)
-        for part, name in (("end", "iqm_end"), ("eval_end", "iqm_eval_end")):
-            r[name], r[f"{name}_lo"], r[f"{name}_hi"], _ = iqm_ci(
-                _ends(root, r["setting"], seeds, window, part).values()
-            )
-    effects = []
-    for kind, a, b in EFFECT_PAIRS:
-        if a in settings and b in settings:
-            m, h, n = paired_effect(_ends(root, a, seeds, window), _ends(root, b, seeds, window))
-            em, eh, _ = paired_effect(*(_ends(root, x, seeds, window, "eval_end") for x in (a, b)))
-            e = {"kind": kind, "pair": f"{a} - {b}", "mean": m, "ci": h, "n": n, "heldout_mean": em, "heldout_ci": eh}
-            for part, name in (("end", "poi"), ("eval_end", "heldout_poi")):
-                xa, xb = (_ends(root, x, seeds, window, part).values() for x in (a, b))
-                e[name], e[f"{name}_lo"], e[f"{name}_hi"], _ = prob_improvement(xa, xb)
-            effects.append(e)
-    abl = ablation_rows(root, settings, seeds, window)
-    return {"settings": rows, "effects": effects, **({"ablations": abl} if abl else {})}
-
-
-def json_ready(x):
-    "`x` with NaN and inf replaced by None, through dicts and lists (strict JSON)."
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: json_ready(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [json_ready(v) for v in x]
-    return x
-
-# %% ../../nbs/31_mini.summary.ipynb #b0d33554
-def _cols(res: dict) -> bool:
-    "Tables get a `point` column unless their point has no label (one study, as `sao-repro compare` makes it: label None)."
-    return any(p.get("label") is not None for p in res["points"])
-
-
-def _head(res: dict, cols: list[str]) -> list[str]:
-    cols = (["point"] if _cols(res) else []) + cols
-    return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-
-
-def _row(res: dict, p: dict, cells: list) -> str:
-    return "| " + " | ".join(([p["label"]] if _cols(res) else []) + [str(c) for c in cells]) + " |"
-
-
-def format_results(res: dict) -> str:
-    "Markdown: end accuracy per point x setting, then the paired effects."
-    w = res["window"]
-    out = [
-        f"### End accuracy (last {w} steps), mean ± 95% CI over seeds",
-        "",
-        *_head(res, ["setting", "seeds", "held-out step 1 -> end", "online acc end", "online end - start"]),
-    ]
-    for p in res["points"]:
-        for r in p["settings"]:
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [
-                        r["setting"],
-                        r["n_seeds"],
-                        f"{fmt_ci(r.get('eval_first'), r.get('eval_first_ci'))} -> "
-                        f"{fmt_ci(r.get('eval_end'), r.get('eval_end_ci'))}",
-                        fmt_ci(r["acc_end"], r["acc_end_ci"]),
-                        fmt_ci(r["delta"], r["delta_ci"]),
-                    ],
-                )
-            )
-    if not any(p["effects"] for p in res["points"]):  # one setting: no pair to take
-        return "\n".join(out)
-    out += [
-        "",
-        "### Paired effects (mean of per-seed differences of end accuracy ± 95% CI)",
-        "",
-        *_head(res, ["effect", "pair", "pairs", "online", "held-out"]),
-    ]
-    for p in res["points"]:
-        for e in p["effects"]:
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [
-                        e["kind"],
-                        e["pair"],
-                        e["n"],
-                        fmt_ci(e["mean"], e["ci"]),
-                        fmt_ci(e.get("heldout_mean"), e.get("heldout_ci")),
-                    ],
-                )
-            )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #3f30838d
-def _verdict(x, h) -> str:
-    if x is None or not math.isfinite(x):
-        return "no data"
-    if h is None or not math.isfinite(h):
-        return "one seed"
-    return "reproduced" if x - h > 0 else "opposite" if x + h < 0 else "not resolved"
-
-
-def phenomena(point: dict) -> list[dict]:
-    "The phenomenon rows of one `sweep_results` point (settings missing from the sweep are skipped)."
-    rows = {r["setting"]: r for r in point["settings"]}
-    eff = {e["pair"]: e for e in point["effects"]}
-    out = []
-    for name, s in (("GRPO collapses", "grpo"), ("running-mean collapses", "running_mean")):
-        if s in rows and rows[s]["n_seeds"]:
-            d, e = rows[s]["delta"], rows[s].get("eval_delta")
-            out.append(
-                {
-                    "phenomenon": name,
-                    "quantity": f"{s}: start - end",
-                    "heldout": None if e is None else -e,
-                    "heldout_ci": rows[s].get("eval_delta_ci"),
-                    "online": None if d is None else -d,
-                    "online_ci": rows[s]["delta_ci"],
-                    "n": rows[s]["n_seeds"],
-                }
-            )
-    for name, pair in (
-        ("DIS prevents GRPO collapse", "grpo_dis - grpo"),
-        ("critic beats the batch baseline at G=1", "sao - single_dis"),
-        ("single_dis above running_mean", "single_dis - running_mean"),
-        ("SAO above GRPO", "sao - grpo"),
-    ):
-        if pair in eff:
-            e = eff[pair]
-            out.append(
-                {
-                    "phenomenon": name,
-                    "quantity": f"{pair}, end",
-                    "heldout": e.get("heldout_mean"),
-                    "heldout_ci": e.get("heldout_ci"),
-                    "online": e["mean"],
-                    "online_ci": e["ci"],
-                    "n": e.get("n"),
-                }
-            )
-    for r in out:
-        r["heldout_verdict"] = "-" if r["heldout"] is None else _verdict(r["heldout"], r["heldout_ci"])
-        r["online_verdict"] = _verdict(r["online"], r["online_ci"])
-    return out
-
-
-def format_phenomena(res: dict) -> str:
-    "Markdown: one row per point x phenomenon ('' when the settings give none)."
-    if not any(phenomena(p) for p in res["points"]):
-        return ""
-    out = [
-        "### The reference study's phenomena (verdict: 95% CI of the quantity above 0 = reproduced)",
-        "",
-        *_head(res, ["phenomenon", "quantity", "held-out", "verdict", "online", "verdict"]),
-    ]
-    for p in res["points"]:
-        for r in phenomena(p):
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [
-                        r["phenomenon"],
-                        r["quantity"],
-                        fmt_ci(r["heldout"], r["heldout_ci"]),
-                        r["heldout_verdict"],
-                        fmt_ci(r["online"], r["online_ci"]),
-                        r["online_verdict"],
-                    ],
-                )
-            )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #f7eb349d
-def forms_side_by_side(res: dict) -> list[dict]:
-    "One row per (other options, phenomenon) of a sweep with a `dis_form` grid: held-out value and verdict per form."
-    rows = {}
-    for p in res["points"]:
-        form = p.get("point", {}).get("dis_form")
-        if form is None:
-            continue
-        rest = ",".join(f"{k}={v}" for k, v in p["point"].items() if k != "dis_form") or "base"
-        for r in phenomena(p):
-            row = rows.setdefault(
-                (rest, r["phenomenon"]), {"point": rest, "phenomenon": r["phenomenon"], "quantity": r["quantity"]}
-            )
-            row[form] = (
-                fmt_ci(r["heldout"], r["heldout_ci"])
-                if r["heldout"] is not None
-                else fmt_ci(r["online"], r["online_ci"])
-            )
-            row[f"{form} verdict"] = (
-                r["heldout_verdict"] if r["heldout"] is not None else r["online_verdict"] + " (online)"
-            )
-    return list(rows.values())
-
-
-def format_forms(res: dict) -> str:
-    "Markdown of `forms_side_by_side` (empty when the sweep does not vary `dis_form`)."
-    rows = forms_side_by_side(res)
-    if not rows:
-        return ""
-    out = [
-        "### The DIS loss forms side by side (held-out; verdict: 95% CI above 0 = reproduced)",
-        "",
-        "| point | phenomenon | direct | verdict | decoupled | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['point']} | {r['phenomenon']} | {r.get('direct', '-')} | {r.get('direct verdict', '-')} | "
-            f"{r.get('decoupled', '-')} | {r.get('decoupled verdict', '-')} |"
-        )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #e89718e9
-KNOB_DIAGNOSTICS = ("critic/explained_var",)  # end-window means shown beside each knob effect
-
-
-def _diagnostic(root: Path, s: str, seeds, key: str, window: int) -> dict:
-    "'start' / 'end' window means of `key` (`run_windows`), averaged over the seeds that logged it (None: none did)."
-    ws = [w for w in (run_windows(root / "mini" / s / f"seed{k}", window, key) for k in seeds) if w]
-    return {part: float(np.mean([w[part] for w in ws])) if ws else None for part in ("start", "end")}
-
-
-def knob_effects(
-    root: Path,  # a sweep folder: <root>/<point label>/mini/<setting>/seed<k>/
-    points: list[tuple[str, dict]],  # (label, grid values) of every point, in the grid's order
-    settings: list[str],
-    seeds: list[int],
-    window: int = 50,
-) -> list[dict]:
-    "Per knob value after the knob's first, per setting: end accuracy there minus at the first value, paired by seed, the other knobs equal."
-    root, key = Path(root), lambda p: json.dumps(p, sort_keys=True, default=str)
-    if not points:
-        return []
-    labels, first = {key(p): label for label, p in points}, points[0][1]
-    rows = []
-    for label, p in points:
-        for k, v in p.items():
-            ref = labels.get(key({**p, k: first[k]})) if v != first[k] else None
-            if ref is None:
-                continue
-            at = ",".join(f"{o}={w}" for o, w in p.items() if o != k) or "base"
-            for s in settings:
-                row = {"knob": k, "change": f"{first[k]} -> {v}", "at": at, "setting": s, "from": ref, "to": label}
-                for part, name in (("end", "online"), ("eval_end", "heldout")):
-                    m, h, n = paired_effect(
-                        _ends(root / label, s, seeds, window, part), _ends(root / ref, s, seeds, window, part)
-                    )
-                    verdict = _verdict(m, h)
-                    row.update(
-                        {
-                            name: m,
-                            f"{name}_ci": h,
-                            f"{name}_n": n,
-                            f"{name}_verdict": {"reproduced": "higher", "opposite": "lower"}.get(verdict, verdict),
-                        }
-                    )
-                diag = {d: [_diagnostic(root / x, s, seeds, d, window) for x in (ref, label)] for d in KNOB_DIAGNOSTICS}
-                row["diagnostics"] = {
-                    f"{d} {part}": [w[part] for w in diag[d]] for d in KNOB_DIAGNOSTICS for part in ("start", "end")
-                }
-                rows.append(row)
-    return rows
-
-
-def format_knob_effects(res: dict) -> str:
-    "Markdown of a sweep's `knob_effects` ('' when its grid changes no knob)."
-    rows = res.get("knob_effects") or []
-    if not rows:
-        return ""
-    f2 = lambda x: "-" if x is None else f"{x:.2f}"
-    diags = [f"{d} {part}" for d in KNOB_DIAGNOSTICS for part in ("start", "end")]
-    out = [
-        "### Knob effects (end accuracy at the new value minus at the first, other options equal, paired by seed; "
-        "verdict: 95% CI above 0 = higher)",
-        "",
-        "| knob | change | at | setting | pairs | held-out | verdict | online | verdict | "
-        + " | ".join(f"{d} (from -> to)" for d in diags)
-        + " |",
-        "|---" * (9 + len(diags)) + "|",
-    ]
-    for r in rows:
-        diag = " | ".join(f"{f2(a)} -> {f2(b)}" for a, b in (r["diagnostics"].get(d, [None, None]) for d in diags))
-        out.append(
-            f"| {r['knob']} | {r['change']} | {r['at']} | {r['setting']} | {r['online_n']} | "
-            f"{fmt_ci(r['heldout'], r['heldout_ci'])} | {r['heldout_verdict']} | {fmt_ci(r['online'], r['online_ci'])} | "
-            f"{r['online_verdict']} | {diag} |"
-        )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #4874cf10
-def _poi_verdict(lo, hi) -> str:
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return "-"
-    return "A better" if lo > 0.5 else "B better" if hi < 0.5 else "not resolved"
-
-
-def format_scaled(res: dict, min_seeds: int = SCALED_MIN_SEEDS) -> str:
-    "Markdown: IQM per point x setting and P(A > B) per effect, with bootstrap intervals ('' under `min_seeds` seeds)."
-    if max((r["n_seeds"] for p in res["points"] for r in p["settings"]), default=0) < min_seeds:
-        return ""
-    g = lambda d, k: (d.get(k), d.get(f"{k}_lo"), d.get(f"{k}_hi"))
-    out = [
-        "### Many seeds: interquartile mean of end accuracy [95% stratified-bootstrap interval]",
-        "",
-        *_head(res, ["setting", "seeds", "held-out IQM", "online IQM"]),
-    ]
-    for p in res["points"]:
-        for r in p["settings"]:
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [r["setting"], r["n_seeds"], fmt_interval(*g(r, "iqm_eval_end")), fmt_interval(*g(r, "iqm_end"))],
-                )
-            )
-    if not any(p["effects"] for p in res["points"]):
-        return "\n".join(out)
-    out += [
-        "",
-        "### Many seeds: probability of improvement P(A > B) of end accuracy [95% stratified-bootstrap interval]",
-        "",
-        *_head(res, ["pair A - B", "held-out", "verdict", "online", "verdict"]),
-    ]
-    for p in res["points"]:
-        for e in p["effects"]:
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [
-                        e["pair"],
-                        fmt_interval(*g(e, "heldout_poi")),
-                        _poi_verdict(*g(e, "heldout_poi")[1:]),
-                        fmt_interval(*g(e, "poi")),
-                        _poi_verdict(*g(e, "poi")[1:]),
-                    ],
-                )
-            )
-    return "\n".join(out)
-
-# %% ../../nbs/31_mini.summary.ipynb #aeb9feea
-def format_ablations(res: dict) -> str:
-    "Markdown of a sweep's `ablation_rows` per point ('' when it holds no ablation arm); the paper's numbers are not here."
-    if not any(p.get("ablations") for p in res["points"]):
-        return ""
-
-    def to_resolve(r, part):
-        if r[f"{part}_verdict"] != "not resolved":
-            return "-"
-        m = seeds_to_resolve(r[part], r[f"{part}_ci"], r[f"{part}_n"])
-        return f"> {RESOLVE_MAX_SEEDS}" if m is None else f"~{m}"
-
-    out = [
-        "### The paper's ablations on the testbed (A - B of end accuracy, paired by seed, mean ± 95% CI; "
-        "verdict: CI above 0 = the paper's direction, reproduced)",
-        "",
-        *_head(
-            res,
-            [
-                "the paper's row",
-                "pair A - B",
-                "pairs",
-                "held-out",
-                "verdict",
-                "online",
-                "verdict",
-                "seeds to resolve (held-out)",
-            ],
-        ),
-    ]
-    for p in res["points"]:
-        for r in p.get("ablations") or []:
-            out.append(
-                _row(
-                    res,
-                    p,
-                    [
-                        r["row"],
-                        r["pair"],
-                        r["heldout_n"],
-                        fmt_ci(r["heldout"], r["heldout_ci"]),
-                        r["heldout_verdict"],
-                        fmt_ci(r["online"], r["online_ci"]),
-                        r["online_verdict"],
-                        to_resolve(r, "heldout"),
-                    ],
-                )
-            )
-    return "\n".join(out)
+__all__ = ['study_tables', 'study_table', 'EFFECT_PAIRS', 'ABLATIONS', 'KNOB_DIAGNOSTICS', 'RESOLVE_MAX_SEEDS', 'run_windows',
+           'summarize', 'format_summary', 'ablation_rows', 'point_summary', 'json_ready', 'format_results', 'phenomena',
+           'format_phenomena', 'forms_side_by_side', 'format_forms', 'knob_effects', 'format_knob_effects',
+           'format_scaled', 'format_ablations', 'seeds_to_resolve', 'what_resolves']
 
 # %% ../../nbs/31_mini.summary.ipynb #532145b4
 def study_tables(res: dict) -> str:
@@ -549,39 +90,7 @@ def study_tables(res: dict) -> str:
         if t
     )
 
-# %% ../../nbs/31_mini.summary.ipynb #5d1a0e02
-RESOLVE_MAX_SEEDS = 30  # an unresolved quantity that needs more seeds than this is called near 0
-
-
-def seeds_to_resolve(
-    x,  # the quantity's mean over `n` seeds
-    h,  # its 95% CI half-width
-    n: int,  # the seeds (or pairs) behind it
-    max_seeds: int = RESOLVE_MAX_SEEDS,
-) -> int | None:
-    "The fewest seeds whose 95% CI half-width, at the spread seen over `n`, lies below |x| (None: over `max_seeds`, or no spread)."
-    if x is None or h is None or not n or n < 2 or not (math.isfinite(x) and math.isfinite(h)):
-        return None
-    sd = h * math.sqrt(n) / student_t.ppf(0.975, n - 1)
-    return next((m for m in range(n, max_seeds + 1) if student_t.ppf(0.975, m - 1) * sd / math.sqrt(m) < abs(x)), None)
-
-
-def what_resolves(verdict: str, x, h, n) -> str:
-    "What would settle a verdict that is not 'reproduced' or 'opposite'."
-    if verdict in ("reproduced", "opposite"):
-        return "-"
-    if verdict == "no data":
-        return "runs that finish (the failed runs are listed above)"
-    if verdict == "one seed":
-        return "`make study SEEDS=5` (one seed gives no interval)"
-    m = seeds_to_resolve(x, h, n)
-    if m is None:
-        return f"near 0 at this spread: over {RESOLVE_MAX_SEEDS} seeds (`make study SEEDS=5` narrows it)"
-    if m <= 5:
-        return "`make study SEEDS=5`"
-    return f"~{m} seeds at this spread: `make study SEEDS={m}`, or on a Ray cluster `sao-repro compare --seeds {m} --ray auto`"
-
-
+# %% ../../nbs/31_mini.summary.ipynb #d6a4f503
 def study_table(
     pt: dict,  # `point_summary` of the study's runs folder
     window: int = 50,
