@@ -7,6 +7,7 @@ Docs: https://sao-repro.github.io/sao-repro/samples.html.md"""
 # %% ../nbs/17_samples.ipynb #b5fdfa56
 from __future__ import annotations
 import gzip
+from dataclasses import field
 import html
 import json
 import math
@@ -21,9 +22,10 @@ from .files import write_atomic
 from .runlog import log_event
 
 # %% auto #0
-__all__ = ['SAMPLES_FILE', 'SAMPLES_FULL_EVENT', 'SAMPLE_KNOBS', 'SAMPLE_STYLE', 'samples_help', 'check_sample_knobs',
-           'samples_due', 'pick_rows', 'verdict_of', 'sample_records', 'read_samples', 'trim_samples', 'SampleWriter',
-           'masked_tokens', 'sample_text', 'sample_html', 'last_step_samples', 'samples_section']
+__all__ = ['SAMPLES_FILE', 'SAMPLES_FULL_EVENT', 'SAMPLE_KNOBS', 'SAMPLE_STYLE', 'samples_help', 'sample_field',
+           'check_sample_knobs', 'samples_due', 'pick_rows', 'verdict_of', 'sample_records', 'read_samples',
+           'trim_samples', 'SampleWriter', 'masked_tokens', 'sample_text', 'sample_html', 'last_step_samples',
+           'samples_section']
 
 # %% ../nbs/17_samples.ipynb #f668aeca
 SAMPLES_FILE = "samples.jsonl.gz"
@@ -45,6 +47,14 @@ def samples_help(
 ) -> str:
     "The help text of sample knob `name` (declared once, in `SAMPLE_KNOBS`)."
     return SAMPLE_KNOBS[name][1]
+
+
+def sample_field(
+    name: str,  # a key of `SAMPLE_KNOBS`
+):
+    "The config field of sample knob `name` (default and help from `SAMPLE_KNOBS`), for both backends' configs."
+    default, help_ = SAMPLE_KNOBS[name]
+    return field(default=default, metadata={"help": help_})
 
 
 def check_sample_knobs(

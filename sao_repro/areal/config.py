@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from areal.api.cli_args import GRPOConfig, PPOActorConfig, PPOCriticConfig, parse_cli_args, to_structured_cfg
 from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from ..dis import dis_preset
-from ..samples import SAMPLE_KNOBS, check_sample_knobs, samples_help
+from ..samples import check_sample_knobs, sample_field
 from ..configfile import check_interpolations, load_yaml_bounded
 from ..rewardconfig import RewardConfig
 from .algo import areal_actor_keys
@@ -84,15 +84,9 @@ class SAOSection:
     run_dir: str = field(
         default="", metadata={"help": "our run folder (metrics.jsonl, events.log, config.json, samples.jsonl.gz)"}
     )
-    samples_per_step: int = field(
-        default=SAMPLE_KNOBS["samples_per_step"][0], metadata={"help": samples_help("samples_per_step")}
-    )
-    samples_every: int = field(
-        default=SAMPLE_KNOBS["samples_every"][0], metadata={"help": samples_help("samples_every")}
-    )
-    samples_max_mb: float = field(
-        default=SAMPLE_KNOBS["samples_max_mb"][0], metadata={"help": samples_help("samples_max_mb")}
-    )
+    samples_per_step: int = sample_field("samples_per_step")
+    samples_every: int = sample_field("samples_every")
+    samples_max_mb: float = sample_field("samples_max_mb")
     reward_root: str = field(default="", metadata={"help": "folder for reward-worker logs and status (REWARD_ROOT)"})
     rollout_engine: str = field(
         default="",

@@ -17,7 +17,7 @@ from ..checks import check_number
 from ..dis import dis_preset
 from ..files import task_path
 from ..loss import POLICY_FORMS
-from ..samples import SAMPLE_KNOBS, check_sample_knobs, samples_help
+from ..samples import check_sample_knobs, sample_field
 from ..settings import Setting, check_knob, get_setting, knob_help, list_settings
 from .model import ModelConfig, PretrainConfig
 from .rollout import RolloutConfig
@@ -133,15 +133,9 @@ class MiniRunConfig:
         default="float32",
         metadata={"help": "behaviour engine precision: 'float32' or 'bfloat16' (lower-precision sampling)"},
     )
-    samples_per_step: int = field(
-        default=SAMPLE_KNOBS["samples_per_step"][0], metadata={"help": samples_help("samples_per_step")}
-    )
-    samples_every: int = field(
-        default=SAMPLE_KNOBS["samples_every"][0], metadata={"help": samples_help("samples_every")}
-    )
-    samples_max_mb: float = field(
-        default=SAMPLE_KNOBS["samples_max_mb"][0], metadata={"help": samples_help("samples_max_mb")}
-    )
+    samples_per_step: int = sample_field("samples_per_step")
+    samples_every: int = sample_field("samples_every")
+    samples_max_mb: float = sample_field("samples_max_mb")
 
     def __post_init__(self):
         self._check_numbers()
