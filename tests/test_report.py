@@ -167,8 +167,8 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
     html = (rendered / "math_hard_report.html").read_text()
     lines = re.findall(r"run folders:(.*?)Made", html, flags=re.S)
     assert (
-        len(lines) == 11
-    )  # accuracy, headline, numbers, per run, DIS, mismatch, kept samples, critic, health, distance, manifests (design / reference name their sources)
+        len(lines) == 12
+    )  # accuracy, headline, numbers, per run, DIS, mismatch, kept samples, critic, health, distance, manifests, run files (design / reference name their sources)
     assert all(folders.count("<code>") == 1 for folders in lines)  # one brace pattern for the folders of a study
     named = [
         {
@@ -179,7 +179,7 @@ def test_every_figure_and_table_names_its_runs_and_command(rendered, runs):
         for line in lines
     ]
     every = {(s, str(k)) for s in SETTINGS for k in SEEDS}
-    assert all(named[i] == every for i in (0, 1, 2, 3, 5, 8, 9, 10))
+    assert all(named[i] == every for i in (0, 1, 2, 3, 5, 8, 9, 10, 11))
     assert named[4] == named[7] == {("sao", "0"), ("sao", "1")}  # DIS and critic figures draw only sao here
     assert named[6] == {(s, "0") for s in SETTINGS}  # kept samples: one run per backend and setting
     assert html.count("sao-repro report --runs") >= 9
@@ -597,6 +597,20 @@ def test_design_table_band_column_reads_config_json(tmp_path):
     d = R.design_table(runs_df=runs_df).set_index("setting")
     assert d.loc["single_dis", "band"] == "paper-math [0.7, 6]; reference [0.3, 5]"
     assert d.loc["sao", "band"] == "reference [0.3, 5]"  # no runs: the registry's
+
+
+def test_report_lists_what_each_run_folder_holds(rendered, runs):
+    "Every run of the study holds a manifest, kept samples and TensorBoard scalars, as read back from its files."
+    from sao_repro.tblog import read_scalars
+
+    rows = {r["run"]: r for r in table((rendered / "math_hard_report.html").read_text(), "run-files-table")}
+    assert len(rows) == len(SETTINGS) * len(SEEDS)
+    for s in SETTINGS:
+        for k in SEEDS:
+            d, row = runs / "mini" / s / f"seed{k}", rows[f"mini/{s}/seed{k}"]
+            assert row["manifest"].startswith("manifest.json (")
+            assert row["kept samples"] != "none" and row["TensorBoard"] != "none"
+            assert row["TensorBoard"].startswith(f"{len(read_scalars(d / 'tensorboard'))} tags, steps 1-{STEPS}")
 
 
 def test_report_shows_kept_samples_escaped(rendered, runs):
