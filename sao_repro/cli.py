@@ -248,20 +248,21 @@ class Lab:
         return json.loads(body) if body else None
 
     def stop(self, timeout: float = 20) -> int:
-        "Shut the server and its kernels down (the API's shutdown, else SIGTERM, else SIGKILL); its exit code."
+        """Shut the server and its kernels down (the API's shutdown, else SIGTERM, else SIGKILL) in about `timeout`
+        seconds at most (a loaded machine's slow shutdown ends in SIGKILL, never in a wait without end); its exit code."""
         kids = _children(self.proc.pid)
         if self.proc.poll() is None:
             try:
-                self.api("/api/shutdown", "POST", timeout=timeout)
+                self.api("/api/shutdown", "POST", timeout=min(5.0, timeout / 4))
             except Exception:  # not up, or already going: signals below
                 pass
-            for sig in (signal.SIGTERM, signal.SIGKILL):
+            for sig, wait in ((signal.SIGTERM, timeout / 2), (signal.SIGKILL, timeout / 4)):
                 try:
-                    self.proc.wait(timeout)
+                    self.proc.wait(wait)
                     break
                 except subprocess.TimeoutExpired:
                     self.proc.send_signal(sig)
-            self.proc.wait(timeout)
+            self.proc.wait(timeout / 4)
         for pid in kids + _children(self.proc.pid):  # a kernel left behind by a server that did not clean up
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
