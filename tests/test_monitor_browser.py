@@ -42,6 +42,12 @@ STATE_JS = """(() => {
 })()"""
 
 
+def fake_runs_cmd(logs, steps, interval, *extra) -> list[str]:
+    "The fake testbed writing two runs (sao and grpo, seed 0) of `steps` steps into `logs`, `interval` s apart."
+    cmd = [sys.executable, str(HERE / "fake_testbed.py"), "--out", str(logs), "--runs", "sao:0,grpo:0"]
+    return cmd + ["--steps", str(steps), "--interval", str(interval), *extra]
+
+
 def rgb(hex_color):
     return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
 
@@ -71,24 +77,7 @@ def test_monitor_page_updates_live(tmp_path):
         chrome.goto(srv.url)
         # the runs start once the page is up (Chromium's start under load must not eat the runs' first seconds);
         # the page finds them by itself
-        writer = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "fake_testbed.py"),
-                "--out",
-                str(logs),
-                "--runs",
-                "sao:0,grpo:0",
-                "--steps",
-                "45",
-                "--interval",
-                "0.3",
-                "--nan-run",
-                "grpo:0",
-                "--nan-at",
-                "30",
-            ]
-        )
+        writer = subprocess.Popen(fake_runs_cmd(logs, 45, 0.3, "--nan-run", "grpo:0", "--nan-at", "30"))
         sao, grpo = "mini/sao/seed0", "mini/grpo/seed0"
         first = wait_for(
             chrome,
@@ -153,18 +142,7 @@ def monitor_of_finished_runs(tmp_path, steps):
     logs = tmp_path / "runs"
     logs.mkdir()
     subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "fake_testbed.py"),
-            "--out",
-            str(logs),
-            "--runs",
-            "sao:0,grpo:0",
-            "--steps",
-            str(steps),
-            "--interval",
-            "0",
-        ],
+        fake_runs_cmd(logs, steps, 0),
         check=True,
     )
     srv = serve_in_thread(logs, port=0, refresh_s=0.5)
