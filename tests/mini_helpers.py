@@ -1,6 +1,8 @@
-"""Shared pieces of the testbed tests: a private warm-start cache and small smoke-run configs."""
+"""Shared pieces of the testbed tests: a private warm-start cache, small smoke-run configs, a run folder's modes."""
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,10 @@ def smoke_cfg(setting, out, **kw):
 def strip_perf(ms):
     "Metrics records without the wall-clock keys (the only ones a resumed run may change)."
     return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]
+
+
+def modes(d) -> dict:
+    "Each file's mode by its path in the run folder (TensorBoard's event files by folder: their names hold time and host)."
+    d = Path(d)
+    key = lambda p: re.sub(r"events\.out\.tfevents\..*$", "events.out.tfevents.*", p.relative_to(d).as_posix())
+    return {key(p): p.stat().st_mode & 0o777 for p in [d, *d.rglob("*")]}

@@ -102,7 +102,8 @@ def test_lab_runs_explore_notebook_on_a_real_run(lab_env, tmp_path):
             assert out["tracebacks"] == [] and out["errors"] == [], (out["tracebacks"], out["errors"])
             assert out["imgs"] == ["data:image/png;base64,"] * 2  # the DIS and the advantages figures
             assert f"run {run}: setting grpo_dis, seed 0, {steps} steps" in out["text"]
-            assert len(out["tables"]) == 1 and all(k in out["tables"][0] for k in ("acc", "adv/mean", "dis/kept_frac"))
+            assert len(out["tables"]) == 2 and all(k in out["tables"][0] for k in ("acc", "adv/mean", "dis/kept_frac"))
+            assert all(k in out["tables"][1] for k in ("step", "masked_share", "dis masked (metric)"))  # kept samples
             sessions = lab.api("/api/sessions")
             assert [s["path"] for s in sessions] == [LAB_FIRST] and sessions[0]["kernel"]["execution_state"] == "idle"
 

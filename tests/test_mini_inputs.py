@@ -4,7 +4,6 @@ for it with a note (`compare`) or refused (`run`), never recorded; the input fil
 its copy, recorded under the user's paths, and its run folder given the modes of a local one."""
 
 import json
-import re
 import os
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from sao_repro.mini.model import PolicyModel
 from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import checkpoints, read_metrics
 from sao_repro.safeload import load_state
-from mini_helpers import smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
+from mini_helpers import modes, smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 SMOKE = {
     "preset": "smoke",
@@ -55,13 +54,6 @@ def save_critic(path, cfg=None, nan=False):
 def one_line(err: str) -> str:
     assert err.strip() and "\n" not in err.strip() and "Traceback" not in err, err
     return err.strip()
-
-
-def modes(d) -> dict:
-    "Each file's mode by its path in the run folder (TensorBoard's event files by folder: their names hold time and host)."
-    d = Path(d)
-    key = lambda p: re.sub(r"events\.out\.tfevents\..*$", "events.out.tfevents.*", p.relative_to(d).as_posix())
-    return {key(p): p.stat().st_mode & 0o777 for p in [d, *d.rglob("*")]}
 
 
 # ---------------------------------------------------------------- run
