@@ -24,8 +24,8 @@ __all__ = ['METRICS_FILE', 'EVENTS_FILE', 'CONFIG_FILE', 'MAX_STEP', 'LOCK_FILE'
            'ENDING_EVENTS', 'OOM_TYPES', 'CPU_OOM_RE', 'TRAIN_NONFINITE_RE', 'COUNT_PAIRS', 'AREAL_MAP',
            'NAMESPACED_RE', 'utf8_name', 'valid_step', 'loads_record', 'parse_record', 'repair_lines', 'event_line_ok',
            'log_event', 'RunFolderBusy', 'lock_run_dir', 'event_time', 'read_events', 'is_oom', 'oom_error_text',
-           'log_failure', 'nonfinite_keys', 'note_exit', 'to_float', 'flatten', 'online_accuracy', 'graded_count',
-           'add_derived', 'areal_to_metrics']
+           'log_failure', 'nonfinite_keys', 'note_exit', 'exit_reason', 'to_float', 'flatten', 'online_accuracy',
+           'graded_count', 'add_derived', 'areal_to_metrics']
 
 # %% ../nbs/02_runlog.ipynb #19671887
 METRICS_FILE = "metrics.jsonl"
@@ -305,6 +305,24 @@ def note_exit(
         return None
     sig = _signal_name(returncode)
     return log_event(run_dir, CRASH_EVENT, returncode=returncode, **({"signal": sig} if sig else {}), by=by)
+
+
+def exit_reason(
+    run_dir: str | Path,  # the run folder of a run that failed
+) -> str | None:
+    "Why the run ended, in one line, from its last `error` / `oom` event: the exception, else the exit code and signal."
+    ev = [e for e in read_events(run_dir) if e["event"] in ENDING_EVENTS]
+    if not ev or ev[-1]["event"] not in (CRASH_EVENT, OOM_EVENT):
+        return None
+    d = ev[-1]["details"]
+    if d.get("error"):
+        return str(d["error"])
+    code = d.get("returncode")
+    return (
+        f"{ev[-1]['event']}: exit {code}" + (f" ({d['signal']})" if d.get("signal") else "")
+        if code is not None
+        else ev[-1]["event"]
+    )
 
 # %% ../nbs/02_runlog.ipynb #21e0fefd
 def to_float(v) -> float | None:

@@ -263,8 +263,13 @@ def test_a_trainer_killed_without_a_word_is_recorded_as_a_crash(tmp_path, monkey
                 return subprocess.CompletedProcess(cmd, -9, "", "")
             return super().__call__(cmd, **kw)
 
-    r = launch_setting("grpo", seed=2, out_dir=tmp_path / "runs", run=Killed(), out=io.StringIO())
+    out = io.StringIO()
+    r = launch_setting("grpo", seed=2, out_dir=tmp_path / "runs", run=Killed(), out=out)
     assert r["status"] == "failed" and r["run_dir"] == str(d)
+    train = [s for s in r["steps"] if s["step"] == "train"][0]
+    assert (
+        train["error"] == "error: exit -9 (SIGKILL)" and f"train: error: exit -9 (SIGKILL); see {d}" in out.getvalue()
+    )
     ev = read_events(d)
     assert [e["event"] for e in ev] == ["start", "error"]
     assert ev[-1]["details"] == {"returncode": -9, "signal": "SIGKILL", "by": "launch"}

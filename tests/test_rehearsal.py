@@ -204,9 +204,14 @@ def test_vapo_trains_sao_critic_without_dis_through_vllm(rehearsed):
 def test_sao_warmup_critic_passes_and_explained_variance(rehearsed):
     rs = rows(run_dir(rehearsed, "sao"))
     assert [r["actor/warmup"] for r in rs] == [1.0] * 10 + [0.0] * 2
-    # logged wherever it is defined: a step whose 16 rewards are all equal has returns of variance 0
+    # logged wherever it is defined, and only there: a step whose 16 rewards are all equal has returns of variance 0
+    # (how many such steps a rehearsal meets depends on its rollouts, which a loaded machine's timing changes)
+    assert all(math.isfinite(r["critic/returns_std"]) for r in rs)
+    assert [r["step"] for r in rs if "critic/explained_var" in r] == [
+        r["step"] for r in rs if r["critic/returns_std"] ** 2 > 1e-12
+    ]
     ev = [r["critic/explained_var"] for r in rs if "critic/explained_var" in r]
-    assert len(ev) >= 8 and all(math.isfinite(v) for v in ev)
+    assert ev and all(math.isfinite(v) for v in ev)
     for r in rs[10:]:  # after warmup the actor trains: the critic took K=2 passes over the same tokens
         assert r["areal/ppo_critic/n_valid_tokens"] == 2 * r["areal/ppo_actor/n_valid_tokens"]
     assert all("areal/ppo_actor/n_valid_tokens" not in r for r in rs[:10])  # no policy update during warmup
@@ -551,6 +556,24 @@ def test_monitor_lists_runs_finished_and_report_builds(rehearsed, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     html = next((tmp_path / "rep").rglob("*.html")).read_text()
     assert all(s in html for s in REHEARSED)
+
+
+@needs_areal
+def test_a_failed_run_says_why_in_one_line(tmp_path):
+    "A trainer that ends with an exception: run_one's record carries its `error` event's text; one killed without a"
+    "word, its exit code and signal (what `sao-repro rehearse` prints beside the path of main.log)."
+    run = R.plan("grpo", R.tiny_assets(), tmp_path, steps=2, scheduler="local")
+    d = str(run.run_dir)
+    for code, want in (
+        (
+            f"log_event({d!r}, 'start'); log_failure({d!r}, RuntimeError('worker actor/0 died')); sys.exit(1)",
+            "RuntimeError: worker actor/0 died",
+        ),
+        (f"log_event({d!r}, 'resume'); os.kill(os.getpid(), signal.SIGKILL)", "error: exit -9 (SIGKILL)"),
+    ):
+        run.cmd = [sys.executable, "-c", f"import os, signal, sys; from sao_repro.runlog import *; {code}"]
+        rec = R.run_one(run, progress=False)
+        assert rec["returncode"] != 0 and rec["error"] == want, rec
 
 
 @needs_areal

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from ..files import repo_dir
 from ..settings import list_settings
-from ..runlog import note_exit, read_events
+from ..runlog import exit_reason, note_exit, read_events
 from ..signals import ExitOn
 
 # the launch's first step; importable from here as before
@@ -302,6 +302,8 @@ def launch_one(
     for s in steps:  # a trainer killed (e.g. by the OOM killer) writes no event: the run's crash is recorded here
         if s["step"] == "train" and s.get("returncode"):
             note_exit(rec["run_dir"], s["returncode"], "launch")
+            s["error"] = exit_reason(rec["run_dir"])
+            print(f"  train: {s['error'] or 'no error recorded'}; see {rec['run_dir']}", file=out)
     return {
         **rec,
         "status": "dry-run" if dry_run else ("ok" if rc == 0 else "failed"),

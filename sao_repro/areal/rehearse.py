@@ -276,7 +276,11 @@ def _rehearse(a, settings: list[str]) -> int:
             print(
                 f"rehearse {s}: {'ok' if rec['returncode'] == 0 else 'FAILED (exit ' + str(rec['returncode']) + ')'}, "
                 f"{rec['steps']} steps in {rec['seconds']:.0f} s -> {rec['run_dir']}"
-                + ("" if rec["returncode"] == 0 else f"\n  see {rec['run_dir']}/main.log"),
+                + (
+                    ""
+                    if rec["returncode"] == 0
+                    else f"\n  {rec.get('error') or 'no error recorded'}; see {rec['run_dir']}/main.log"
+                ),
                 flush=True,
             )
     except RehearsalError as e:

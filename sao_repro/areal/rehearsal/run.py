@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from ...runlog import note_exit
+from ...runlog import exit_reason, note_exit
 from ..launch import CPU_RAY_HEAD, RAY_TEMP, ray_running, start_ray_head, stop_ray_session
 from ..train import PARENT_ENV
 from .plan import RehearsalError, RehearsalRun
@@ -115,6 +115,8 @@ def run_one(
         "steps": _steps_logged(run.run_dir),
         "peak_rss_mb": round(peak),
     }
+    if rc:  # why, in one line: the trainer's exception (its `error` event), else its exit code and signal
+        rec["error"] = exit_reason(run.run_dir)
     if server is not None:
         rec.update(
             server_start_s=server.start_s,
