@@ -338,6 +338,59 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
     assert _marked(mark) == []  # nothing of the head outlives it
 
 
+def test_a_ctrl_c_during_rays_wait_stops_the_batch_and_cancels_what_is_in_flight(tmp_path, monkeypatch):
+    "A SIGINT that arrives while the driver waits inside Ray (whose own signal check may take it): the loop keeps it,"
+    "stops at its next turn with KeyboardInterrupt (the command's exit 130) and cancels every task in flight."
+    import os
+    import signal
+    from types import SimpleNamespace
+    from sao_repro.mini import raytasks
+
+    monkeypatch.setattr(raytasks, "start_blobs", lambda cfgs, log=print: {"k": b""})
+    monkeypatch.setattr(raytasks, "start_key", lambda *a: "k")
+    submitted, cancelled, waits = [], [], []
+
+    class FakeRay:  # what _run_all asks of Ray, with a wait that meets a Ctrl-C and swallows what it raises
+        exceptions = SimpleNamespace(RayError=RuntimeError)
+
+        def remote(self, **kw):
+            return lambda fn: SimpleNamespace(options=lambda **o: SimpleNamespace(remote=self._submit))
+
+        def _submit(self, *args):
+            submitted.append(object())
+            return submitted[-1]
+
+        def put(self, x):
+            return x
+
+        def wait(self, refs, num_returns=1, timeout=None):
+            waits.append(timeout)
+            if len(waits) == 1:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.2)  # the handler runs here
+                except KeyboardInterrupt:
+                    pass
+            elif len(waits) > 5:
+                raise AssertionError("the Ctrl-C was lost: still waiting")
+            return [], refs
+
+        def cancel(self, ref, force=False):
+            cancelled.append(ref)
+
+    jobs = [
+        {"cfg": make_config("grpo", k, 2), "params": {}, "run_dir": tmp_path / f"seed{k}", "name": f"seed{k}"}
+        for k in (0, 1)
+    ]
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text("{}")
+    with pytest.raises(KeyboardInterrupt):
+        raytasks._run_all(FakeRay(), nb, jobs, None, 1, log=None)
+    assert len(submitted) == 2 and sorted(map(id, cancelled)) == sorted(map(id, submitted))
+    assert waits[0] is not None and len(waits) <= 2  # a bounded wait: the next turn sees the Ctrl-C
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+
+
 def test_a_ray_address_nothing_answers_at_is_refused_before_any_run(tmp_path, capsys):
     "`--ray HOST:PORT` with no cluster there: exit 2 within seconds, naming the address and `ray start --head`; no run folder made."
     import socket

@@ -7,12 +7,14 @@ Docs: https://sao-repro.github.io/sao-repro/areal.raysession.html.md"""
 # %% ../../nbs/40a_areal.raysession.ipynb #1e7159bc
 from __future__ import annotations
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['RAY_PROBE', 'RAY_TEMP', 'ray_running', 'ray_sessions', 'start_ray_head', 'stop_ray_session']
+__all__ = ['RAY_PROBE', 'RAY_TEMP', 'RAY_ADDRESS_FILE', 'GCS_ARG', 'ray_running', 'ray_sessions', 'start_ray_head',
+           'stop_ray_session']
 
 # %% ../../nbs/40a_areal.raysession.ipynb #e89fe985
 RAY_PROBE = [
@@ -34,6 +36,8 @@ def ray_running(
 
 # %% ../../nbs/40a_areal.raysession.ipynb #29541523
 RAY_TEMP = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"  # Ray's temp folder: a session_<date>_<pid> per head
+RAY_ADDRESS_FILE = "ray_current_cluster"  # in it: the GCS address `ray start --head` records for `address="auto"`
+GCS_ARG = re.compile(r"--gcs[-_]address=(\S+)$")  # how a session's processes name their head
 
 
 def ray_sessions(
@@ -60,17 +64,20 @@ def start_ray_head(
 def stop_ray_session(
     session: str,  # a session name from `start_ray_head`
     grace_s: float = 15.0,  # SIGTERM, then SIGKILL after this long
+    root: str | Path | None = None,  # Ray's temp folder (default RAY_TEMP)
 ) -> int:
-    "End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it ended."
+    """End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it
+    ended. Ray's record of this machine's cluster in `root` goes too when it names the head just ended, as `ray stop` does."""
     import psutil
 
     if not session or not session.startswith("session_"):
         raise ValueError(f"not a Ray session name: {session!r}")
-    procs = []
+    procs, gcs = [], set()
     for p in psutil.process_iter(["cmdline"]):
         try:
             if p.pid != os.getpid() and any(session in a for a in p.info["cmdline"] or ()):
                 procs.append(p)
+                gcs |= {m.group(1) for a in p.info["cmdline"] if (m := GCS_ARG.match(a))}
         except psutil.Error:
             pass
     for p in procs:
@@ -85,4 +92,10 @@ def stop_ray_session(
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5)
+    record = Path(root or RAY_TEMP) / RAY_ADDRESS_FILE
+    try:  # left behind, it sends every `ray.init(address="auto")` here after a dead head (a long wait, then an error)
+        if procs and record.read_text().strip() in gcs:
+            record.unlink()
+    except OSError:
+        pass
     return len(procs)

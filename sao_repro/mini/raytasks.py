@@ -18,6 +18,7 @@ from pathlib import Path
 from ..files import TASK_PATHS_ENV, apply_umask
 from ..manifest import COMMAND_ENV, command_line
 from ..nbrun import run_notebook
+from ..signals import GracefulStop
 from .inputs import inputs_key, pack_inputs, unpack_inputs
 from .model import cache_root, start_key, warm_start
 from .runfolder import check_fresh, run_state
@@ -192,34 +193,34 @@ def _run_all(ray, notebook, jobs, bar, retries, log) -> list[tuple[dict, str]]:
             submit(j, 1, {})
         except Exception as e:  # reported like a failed run
             fail(j, f"{type(e).__name__}: {e}")
+
+    def collect(ref):  # a finished task: its folder back here, then done, retried on another node, or failed
+        j, attempt = pending.pop(ref)
+        try:
+            r = ray.get(ref)
+        except ray.exceptions.RayError as e:  # the task's retries on dead nodes/workers are used up
+            r = {"node": None, "error": f"{type(e).__name__}: {e}", "folder": None, "seconds": None}
+        if r["folder"] is not None:
+            unpack_into(r["folder"], j["run_dir"])
+        _record(Path(j["run_dir"]), r, attempt)
+        if r["error"] is None:
+            if bar is not None:
+                bar.update(1)
+        elif attempt <= retries:
+            resume = run_state(j["run_dir"], j["cfg"].steps) == "partial"
+            params = {**j["params"], "resume": resume, "overwrite": not resume and bool(j["params"].get("overwrite"))}
+            submit({**j, "params": params}, attempt + 1, _other_node(ray, r["node"]))
+        else:
+            fail(j, r["error"])
+
     try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            j, attempt = pending.pop(done[0])
-            try:
-                r = ray.get(done[0])
-            except ray.exceptions.RayError as e:  # the task's retries on dead nodes/workers are used up
-                r = {"node": None, "error": f"{type(e).__name__}: {e}", "folder": None, "seconds": None}
-            if r["folder"] is not None:
-                unpack_into(r["folder"], j["run_dir"])
-            _record(Path(j["run_dir"]), r, attempt)
-            if r["error"] is None:
-                if bar is not None:
-                    bar.update(1)
-            elif attempt <= retries:
-                steps = j["cfg"].steps
-                resume = run_state(j["run_dir"], steps) == "partial"
-                j = {
-                    **j,
-                    "params": {
-                        **j["params"],
-                        "resume": resume,
-                        "overwrite": not resume and bool(j["params"].get("overwrite")),
-                    },
-                }
-                submit(j, attempt + 1, _other_node(ray, r["node"]))
-            else:
-                fail(j, r["error"])
+        with GracefulStop() as stop:  # a Ctrl-C is kept until this loop sees it, whatever Ray's wait does with it
+            while pending:
+                if stop.requested:
+                    raise KeyboardInterrupt(stop.requested)
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                if done:
+                    collect(done[0])
     except KeyboardInterrupt:
         for ref in pending:  # runs in flight: their folders here are as before (resumable next time)
             ray.cancel(ref, force=True)
