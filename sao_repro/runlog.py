@@ -317,12 +317,9 @@ def exit_reason(
     d = ev[-1]["details"]
     if d.get("error"):
         return str(d["error"])
-    code = d.get("returncode")
-    return (
-        f"{ev[-1]['event']}: exit {code}" + (f" ({d['signal']})" if d.get("signal") else "")
-        if code is not None
-        else ev[-1]["event"]
-    )
+    if d.get("returncode") is None:
+        return ev[-1]["event"]
+    return f"{ev[-1]['event']}: exit {d['returncode']}" + (f" ({d['signal']})" if d.get("signal") else "")
 
 # %% ../nbs/02_runlog.ipynb #21e0fefd
 def to_float(v) -> float | None:

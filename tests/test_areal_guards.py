@@ -184,11 +184,13 @@ def test_stop_ray_session_ends_only_that_sessions_processes():
 def test_stop_ray_session_removes_rays_cluster_record_only_when_it_names_that_head(tmp_path):
     "As `ray stop` does: `ray_current_cluster` goes with the head it names (else `address='auto'` waits for a dead"
     "head); a record naming another head stays."
-    tags = ("session_2099-01-01_00-00-00_000003_3", "session_2099-01-01_00-00-00_000004_4")
     record = tmp_path / "ray_current_cluster"
-    for tag, recorded, kept in ((tags[0], "127.0.0.1:59993", False), (tags[1], "127.0.0.1:6379", True)):
-        record.write_text(recorded + "\n")
-        p = _sleeper(tag, "--gcs-address=127.0.0.1:59993" if not kept else "--gcs-address=127.0.0.1:59994")
+    for tag, head, kept in (
+        ("session_2099-01-01_00-00-00_000003_3", "127.0.0.1:59993", False),  # the record names this head
+        ("session_2099-01-01_00-00-00_000004_4", "127.0.0.1:59994", True),  # it names another one
+    ):
+        record.write_text("127.0.0.1:59993\n")
+        p = _sleeper(tag, f"--gcs-address={head}")
         try:
             assert stop_ray_session(tag, grace_s=5, root=tmp_path) == 1 and p.wait(10) is not None
         finally:

@@ -18,7 +18,7 @@ from sao_repro.mini.rayconnect import free_ports
 from sao_repro.mini.runfolder import run_state
 from sao_repro.mini.sweep import sweep_main
 from sao_repro.mini.train import read_metrics
-from mini_helpers import modes as run_modes, smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
+from mini_helpers import modes, smoke_cache, strip_perf  # noqa: F401 (smoke_cache: an autouse fixture)
 
 SMOKE = {
     "preset": "smoke",
@@ -453,9 +453,9 @@ def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_pat
             assert (conf["critic_init"], want["critic_init"]) == (init, init)
             assert conf["critic_source"] == want["critic_source"] and (init is None) == (conf["critic_source"] is None)
             assert conf["out"] == str(tmp_path / "ray" / "sweeps" / "warm" / label)  # the user's, not the task's folder
-            modes = {x: run_modes(x) for x in (d, ref)}  # TensorBoard's event files by folder
-            assert {p: m for p, m in modes[d].items() if p != ATTEMPTS_FILE} == modes[ref]
-            assert modes[d][ATTEMPTS_FILE] == modes[ref]["events.log"]
+            got, want_modes = modes(d), modes(ref)  # TensorBoard's event files by folder
+            assert {p: m for p, m in got.items() if p != ATTEMPTS_FILE} == want_modes
+            assert got[ATTEMPTS_FILE] == want_modes["events.log"]
     res, want = (json.loads((tmp_path / x / "sweeps" / "warm" / "results.json").read_text()) for x in ("ray", "local"))
     assert res["points"] == want["points"]
 
