@@ -166,14 +166,20 @@ def test_two_node_sweep_equals_local_runs_and_survives_losing_a_node(tmp_path):
     assert res["points"] == ref["points"]
 
 
-def _marked(mark):
-    "Pids of live processes whose environment carries `mark` (every process a command started inherits it)."
+def _marked(mark, under=None):
+    "Pids of live processes whose environment carries `mark` (every process a command started inherits it) or that"
+    "hold a file under the folder `under` open (Ray's renamed agents and workers may have lost the mark's bytes)."
+    import psutil
+
     out = []
     for p in Path("/proc").glob("[0-9]*"):
         try:
-            if mark.encode() in (p / "environ").read_bytes():
+            if mark.encode() in (p / "environ").read_bytes() or (
+                under is not None
+                and any(f.path.startswith(f"{under}/") for f in psutil.Process(int(p.name)).open_files())
+            ):
                 out.append(int(p.name))
-        except OSError:
+        except (OSError, psutil.Error):  # gone meanwhile
             pass
     return out
 
@@ -182,9 +188,11 @@ def _marked(mark):
 def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
     "SIGINT to `sao-repro sweep --ray local` (its process group, as a terminal's Ctrl-C): exit 130, no Ray process left, rerun finishes."
     import os
+    import shutil
     import signal
     import subprocess
     import sys
+    import tempfile
 
     pytest.importorskip("ray")
     sweep = {
@@ -201,7 +209,13 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
     run_setting("single_dis", 0, 2, out_dir=str(root.parent), overrides=sweep["base"], log=None)  # a partial run
     assert run_state(root / "single_dis" / "seed0", 6) == "partial"
     mark = f"sao-test-{os.getpid()}-{time.time()}"
-    env = {**os.environ, "SAO_CTRL_C_TEST": mark, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    tmp = tempfile.mkdtemp(prefix="sao-t", dir="/tmp")  # the instance's folder goes in it; short for Ray's sockets
+    env = {
+        **os.environ,
+        "SAO_CTRL_C_TEST": mark,
+        "TMPDIR": tmp,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
     cmd = [sys.executable, "-m", "sao_repro.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--ray", "local"]
     p = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -221,9 +235,9 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
     assert p.returncode == 130 and "interrupted" in err and "run the same command again" in err
     assert time.time() - t1 < 60
     t0 = time.time()
-    while _marked(mark) and time.time() - t0 < 30:
+    while _marked(mark, tmp) and time.time() - t0 < 30:
         time.sleep(1)
-    assert _marked(mark) == []  # the Ray instance, its workers and the run kernels are gone
+    assert _marked(mark, tmp) == []  # the Ray instance, its workers and the run kernels are gone
     done = {d for d in root.glob("*/seed*") if run_state(d, 6) == "done"}
     assert 1 <= len(done) < 4
     before = {d: read_metrics(d) for d in done}
@@ -238,7 +252,8 @@ def test_ctrl_c_stops_a_ray_sweep_and_leaves_every_run_resumable(tmp_path):
             if d in done:
                 assert read_metrics(d) == before[d]  # skipped, not run again
     assert "resume" in events(root / "single_dis" / "seed0")
-    assert _marked(mark) == []
+    assert _marked(mark, tmp) == []
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -317,9 +332,9 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
             head.wait(60)
         finally:
             t0 = time.time()
-            while _marked(mark) and time.time() - t0 < 60:
+            while _marked(mark, temp) and time.time() - t0 < 60:
                 time.sleep(1)
-            for pid in _marked(mark):
+            for pid in _marked(mark, temp):
                 os.kill(pid, signal.SIGKILL)
             import shutil
 
@@ -335,7 +350,7 @@ def test_sweep_with_ray_auto_against_a_ray_start_cluster_equals_local_runs(tmp_p
             assert strip_perf(read_metrics(root / s / f"seed{k}")) == strip_perf(read_metrics(ref / s / f"seed{k}"))
     res, want = (json.loads((tmp_path / x / "sweeps" / "auto" / "results.json").read_text()) for x in ("ray", "local"))
     assert res["points"] == want["points"]
-    assert _marked(mark) == []  # nothing of the head outlives it
+    assert _marked(mark, temp) == []  # nothing of the head outlives it
 
 
 def test_a_ctrl_c_during_rays_wait_stops_the_batch_and_cancels_what_is_in_flight(tmp_path, monkeypatch):
@@ -463,12 +478,12 @@ def test_a_relative_critic_init_gives_the_same_runs_with_and_without_ray(tmp_pat
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
-def _instance(mark):
-    "pid -> (command line, listening IPs) of every live process whose environment carries `mark` (zombies left out)."
+def _instance(mark, under=None):
+    "pid -> (command line, listening IPs) of every live process `_marked(mark, under)` finds (zombies left out)."
     import psutil
 
     out = {}
-    for pid in _marked(mark):
+    for pid in _marked(mark, under):
         try:
             p = psutil.Process(pid)
             if p.status() != psutil.STATUS_ZOMBIE:
@@ -513,11 +528,11 @@ def _local_sweep(tmp_path, name, seeds, steps, record):
     )
 
 
-def _while_a_run_runs(p, mark, wait=400):
+def _while_a_run_runs(p, mark, under, wait=400):
     "The instance's processes once one of its workers executes a run (the driver still running)."
     t0 = time.time()
     while time.time() - t0 < wait and p.poll() is None:
-        inst = _instance(mark)
+        inst = _instance(mark, under)
         if any(cmd.startswith("ray::run_task") for cmd, _ in inst.values()):
             return inst
         time.sleep(0.5)
@@ -544,7 +559,7 @@ def test_a_local_ray_sweep_listens_on_loopback_only_and_leaves_nothing(tmp_path)
     pytest.importorskip("ray")
     p, mark, tmp = _local_sweep(tmp_path, "lo", seeds=2, steps=4, record="10.255.0.1:6379")
     try:
-        inst = _while_a_run_runs(p, mark)
+        inst = _while_a_run_runs(p, mark, tmp)
         listening = {cmd.split()[0].rsplit("/", 1)[-1]: ips for cmd, ips in inst.values() if ips}
         assert {"gcs_server", "raylet", "ray::run_task"} <= set(listening), listening  # the check is not vacuous
         assert all(ips <= LOOPBACK for ips in listening.values()), listening
@@ -552,7 +567,7 @@ def test_a_local_ray_sweep_listens_on_loopback_only_and_leaves_nothing(tmp_path)
         assert len(sessions) == 1  # the instance's session, in its own folder
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
-        assert _instance(mark) == {}  # nothing of it outlives the command: servers, agents, workers, the warden
+        assert _instance(mark, tmp) == {}  # nothing of it outlives the command: servers, agents, workers, the warden
         assert _ray_left_in(tmp) == ["ray", "ray/ray_current_cluster"]  # its folders are gone
         assert (Path(tmp) / "ray" / "ray_current_cluster").read_text() == "10.255.0.1:6379"
         root = tmp_path / "out" / "sweeps" / "lo" / "base" / "mini" / "single_dis"
@@ -574,20 +589,20 @@ def test_a_local_ray_instance_goes_when_its_driver_is_killed(tmp_path):
     pytest.importorskip("ray")
     p, mark, tmp = _local_sweep(tmp_path, "kill", seeds=1, steps=8, record=None)
     try:
-        inst = _while_a_run_runs(p, mark)
+        inst = _while_a_run_runs(p, mark, tmp)
         agents = [cmd for cmd, _ in inst.values() if "DashboardAgent" in cmd or "dashboard/agent.py" in cmd]
         assert agents and len(inst) >= 8, inst  # the agents Ray alone would leave running for about a minute
         os.kill(p.pid, signal.SIGKILL)  # the driver alone
         p.wait(30)
         t0 = time.time()
-        while (_instance(mark) or _ray_left_in(tmp)) and time.time() - t0 < 30:
+        while (_instance(mark, tmp) or _ray_left_in(tmp)) and time.time() - t0 < 30:
             time.sleep(0.5)
-        assert _instance(mark) == {}
+        assert _instance(mark, tmp) == {}
         assert (
             _ray_left_in(tmp) == []
         )  # the instance's folder and the run's private folder are gone; no record was made
     finally:
-        for pid in _marked(mark):
+        for pid in _marked(mark, tmp):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(tmp, ignore_errors=True)
 

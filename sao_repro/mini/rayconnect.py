@@ -151,12 +151,27 @@ LOOPBACK = "127.0.0.1"
 _LOCAL = []  # the private instance of `--ray local`, while it runs
 
 
+def _open_files(proc: Path):
+    "What the files a process holds open point to (those it closes meanwhile left out)."
+    try:
+        fds = list((proc / "fd").iterdir())
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            yield os.readlink(fd)
+        except OSError:
+            pass
+
+
 def instance_pids(folder: str) -> list[int]:
-    "Live processes started with `MARK=folder` in their environment (this process excepted)."
-    key, out = f"{MARK}={folder}\0".encode(), []
+    "Live processes (this one excepted) started with `MARK=folder` in their environment, or holding a file under `folder` open."
+    key, inside, out = f"{MARK}={folder}\0".encode(), folder.rstrip("/") + "/", []
     for p in Path("/proc").glob("[0-9]*"):
         try:
-            if int(p.name) != os.getpid() and key in (p / "environ").read_bytes():
+            if int(p.name) != os.getpid() and (
+                key in (p / "environ").read_bytes() or any(f.startswith(inside) for f in _open_files(p))
+            ):
                 out.append(int(p.name))
         except (OSError, ValueError):  # gone meanwhile, or not ours to read
             pass
