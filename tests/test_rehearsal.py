@@ -576,6 +576,33 @@ def test_a_failed_run_says_why_in_one_line(tmp_path):
         assert rec["returncode"] != 0 and rec["error"] == want, rec
 
 
+def test_a_failed_bench_run_says_why_and_keeps_the_end_of_its_log(tmp_path, monkeypatch):
+    "The rehearsal benchmark runs in a temporary folder, which goes with a failure: its error names the run's exception"
+    "and carries the end of the run's main.log."
+    import sao_repro.areal.rehearsal.bench as B
+
+    real_plan = B.plan
+
+    def failing_plan(*a, **kw):
+        run = real_plan(*a, **kw)
+        d = str(run.run_dir)
+        code = (
+            f"print('loading the tokenizer'); log_event({d!r}, 'start'); log_failure({d!r}, RuntimeError('actor died'))"
+        )
+        run.cmd = [sys.executable, "-c", f"import sys; from sao_repro.runlog import *; {code}; sys.exit(1)"]
+        return run
+
+    monkeypatch.setattr(B, "plan", failing_plan)
+    monkeypatch.setattr(B.subprocess, "run", lambda *a, **kw: None)  # the import timing, which needs AReaL
+    with pytest.raises(RuntimeError) as e:
+        B.bench_rehearsal(steps=2, settings=["grpo"], scheduler="local", engine="stand-in")
+    msg = str(e.value)
+    assert (
+        msg.startswith("grpo failed: RuntimeError: actor died; the end of its main.log:")
+        and "loading the tokenizer" in msg
+    )
+
+
 @needs_areal
 @needs_vllm
 @pytest.mark.slow

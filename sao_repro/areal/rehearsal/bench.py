@@ -65,8 +65,13 @@ def bench_rehearsal(
                     progress=False,
                     server=server,
                 )
-                if rec["returncode"] != 0:
-                    raise RuntimeError(f"{s} failed: see {rec['run_dir']}/main.log")
+                if rec["returncode"] != 0:  # the run's folder goes with the temporary one: its log's end goes along
+                    log = Path(rec["run_dir"]) / "main.log"
+                    tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+                    raise RuntimeError(
+                        f"{s} failed: {rec.get('error') or 'no error recorded'}; the end of its main.log:\n"
+                        + "\n".join(tail)
+                    )
                 n, ph = phase_seconds(rec["run_dir"])
                 step_s = sum(ph.values())
                 rows.append(
