@@ -191,6 +191,11 @@ def test_resolved_yaml_round_trips_through_areal_loader(tmp_path):
 # ---------------------------------------------------------------- GAE vs AReaL's _compute_advantages
 
 
+def sao_actor_config(**kw):
+    "Our actor's config as the tests build it: a throwaway experiment on one FSDP rank, with `kw` on top."
+    return SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", **kw)
+
+
 def random_batch(seed, B=7, T=14, full_rows=(0,)):
     "AReaL-layout batch: prompt then answer, right-padded; rows in `full_rows` fill the padded width."
     g = torch.Generator().manual_seed(seed)
@@ -273,10 +278,7 @@ def test_areal_leak_bootstraps_from_the_untrained_last_position():
 def test_sao_lambdas_adaptive_policy_montecarlo_critic():
     data = random_batch(9, full_rows=())
     data.pop("ref_logp")
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         kl_ctl=0.0,
         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10),
     )
@@ -398,10 +400,7 @@ def test_actor_logs_dis_under_root_names_inside_areal_scope():
     from areal.utils import stats_tracker
 
     stats_tracker.export()  # reset
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         kl_ctl=0.0,
         use_decoupled_loss=True,
         rejection_sampling=RS,
@@ -440,10 +439,7 @@ def test_actor_keeps_samples_that_match_its_dis_stats(tmp_path):
     data["prox_logp"][0, 2] += math.log(9.0)  # ratio 9: above the band
     data["prox_logp"][2, 4] -= math.log(9.0)  # ratio 1/9: below it
     sao = SAOSection(setting="single_dis", run_dir=str(tmp_path), samples_per_step=3, samples_every=1)
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         kl_ctl=0.0,
         use_decoupled_loss=True,
         recompute_logprob=True,
@@ -474,10 +470,7 @@ def test_actor_keeps_samples_that_match_its_dis_stats(tmp_path):
     assert recs[0]["tokens"]["logp"][1] == pytest.approx(float(data["prox_logp"][0, 2]), abs=1e-6)
     assert recs[0]["tokens"]["behav_logp"][1] == pytest.approx(float(data["logprobs"][0, 3]), abs=1e-6)
     # the critic-only warmup keeps its rows too, without a DIS mask
-    warm = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    warm = sao_actor_config(
         kl_ctl=0.0,
         sao=SAOSection(setting="sao", run_dir=str(tmp_path / "w"), warmup_steps=10, samples_every=1),
     )
@@ -542,7 +535,7 @@ def test_running_mean_state_saved_and_restored_by_engine(tmp_path):
             return 0
 
     E = make_engine_class(FakeBase, "actor", "SAOFakeActor")
-    cfg = SAOActorConfig(experiment_name="t", trial_name="t", backend="fsdp:d1", sao=SAOSection(setting="running_mean"))
+    cfg = sao_actor_config(sao=SAOSection(setting="running_mean"))
     e = E(cfg)
     e.actor.reward_norm(torch.tensor([1.0, 0.0, 0.0, 1.0]))
     e.save(SimpleNamespace(path=str(tmp_path)))
@@ -557,10 +550,7 @@ def test_running_mean_state_saved_and_restored_by_engine(tmp_path):
 
 
 def test_actor_skips_policy_update_during_warmup():
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10),
     )
     version = {"v": 0}
@@ -764,10 +754,7 @@ def test_adv_whiten_whitens_advantages_not_returns():
     outs = {}
     for w in (False, True):
         ours = SAOPPOActor(
-            SAOActorConfig(
-                experiment_name="t",
-                trial_name="t",
-                backend="fsdp:d1",
+            sao_actor_config(
                 kl_ctl=0.0,
                 sao=SAOSection(setting="sao", policy_lambda="adaptive", warmup_steps=10, adv_whiten=w, strict=False),
             ),
@@ -996,10 +983,7 @@ def test_reward_on_the_last_action_as_the_testbed_for_rows_ending_on_observation
     from sao_repro.advantages import get_advantage
 
     data = obs_tail_batch()
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         kl_ctl=0.0,
         discount=1.0,
         sao=SAOSection(setting="sao", policy_lambda="0.9", critic_lambda=1.0, warmup_steps=10),
@@ -1047,10 +1031,7 @@ def test_grpo_advantages_equal_in_both_backends_at_std_0_1e7_and_half(setting):
     }
     s = get_setting(setting)
     band = {"rejection_sampling": RS} if s.band else {}
-    cfg = SAOActorConfig(
-        experiment_name="t",
-        trial_name="t",
-        backend="fsdp:d1",
+    cfg = sao_actor_config(
         kl_ctl=0.0,
         discount=1.0,
         reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
@@ -1101,10 +1082,7 @@ def test_actor_logs_mismatch_and_lag_every_step():
     data["prox_logp"] = torch.roll(data["logprobs"], -1, -1).clone()
     data["prox_logp"][1] += 0.2  # the lagged row differs; the current rows agree exactly
     for prox in (True, False):
-        cfg = SAOActorConfig(
-            experiment_name="t",
-            trial_name="t",
-            backend="fsdp:d1",
+        cfg = sao_actor_config(
             kl_ctl=0.0,
             use_decoupled_loss=prox,
             recompute_logprob=prox,
