@@ -199,6 +199,28 @@ def test_stop_ray_session_removes_rays_cluster_record_only_when_it_names_that_he
         assert record.exists() == kept
 
 
+def test_stop_ray_session_ends_a_renamed_process_by_the_session_file_it_holds_open(tmp_path):
+    "Ray's agents and workers rename themselves (`ray::IDLE`: their command line names no session) but keep their logs"
+    "open in the session's folder: that ends them too; a process holding a file of another session runs on."
+    import subprocess
+
+    procs = []
+    for tag in ("session_2099-01-01_00-00-00_000005_5", "session_2099-01-01_00-00-00_000006_6"):
+        (tmp_path / tag / "logs").mkdir(parents=True)
+        with open(tmp_path / tag / "logs" / "worker.out", "w") as log:
+            procs.append(subprocess.Popen(["sleep", "120"], stdout=log))
+    mine, other = procs
+    try:
+        assert stop_ray_session("session_2099-01-01_00-00-00_000005_5", grace_s=5, root=tmp_path) == 1
+        assert mine.wait(10) is not None
+        time.sleep(0.5)
+        assert other.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_start_ray_head_names_the_session_it_started(tmp_path):
     (tmp_path / "session_2099-01-01_00-00-00_000001_1").mkdir()
 

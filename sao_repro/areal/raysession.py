@@ -66,18 +66,22 @@ def stop_ray_session(
     grace_s: float = 15.0,  # SIGTERM, then SIGKILL after this long
     root: str | Path | None = None,  # Ray's temp folder (default RAY_TEMP)
 ) -> int:
-    """End the processes of one Ray session (their command lines name it); every other Ray instance runs on. How many it
-    ended. Ray's record of this machine's cluster in `root` goes too when it names the head just ended, as `ray stop` does."""
+    """End the processes of one Ray session (their command lines name it, or they hold a file of its folder open); every
+    other Ray instance runs on. How many it ended. Ray's record of this machine's cluster in `root` goes too when it names
+    the head just ended, as `ray stop` does."""
     import psutil
 
     if not session or not session.startswith("session_"):
         raise ValueError(f"not a Ray session name: {session!r}")
-    procs, gcs = [], set()
+    procs, gcs, inside = [], set(), f"{Path(root or RAY_TEMP) / session}/"
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if p.pid != os.getpid() and any(session in a for a in p.info["cmdline"] or ()):
+            if p.pid == os.getpid():
+                continue
+            cmd = p.info["cmdline"] or ()
+            if any(session in a for a in cmd) or any(f.path.startswith(inside) for f in p.open_files()):
                 procs.append(p)
-                gcs |= {m.group(1) for a in p.info["cmdline"] if (m := GCS_ARG.match(a))}
+                gcs |= {m.group(1) for a in cmd if (m := GCS_ARG.match(a))}
         except psutil.Error:
             pass
     for p in procs:
