@@ -202,8 +202,6 @@ def test_stop_ray_session_removes_rays_cluster_record_only_when_it_names_that_he
 def test_stop_ray_session_ends_a_renamed_process_by_the_session_file_it_holds_open(tmp_path):
     "Ray's agents and workers rename themselves (`ray::IDLE`: their command line names no session) but keep their logs"
     "open in the session's folder: that ends them too; a process holding a file of another session runs on."
-    import subprocess
-
     procs = []
     for tag in ("session_2099-01-01_00-00-00_000005_5", "session_2099-01-01_00-00-00_000006_6"):
         (tmp_path / tag / "logs").mkdir(parents=True)

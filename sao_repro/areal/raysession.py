@@ -73,7 +73,8 @@ def stop_ray_session(
 
     if not session or not session.startswith("session_"):
         raise ValueError(f"not a Ray session name: {session!r}")
-    procs, gcs, inside = [], set(), f"{Path(root or RAY_TEMP) / session}/"
+    root = Path(root or RAY_TEMP)
+    procs, gcs, inside = [], set(), f"{root / session}/"
     for p in psutil.process_iter(["cmdline"]):
         try:
             if p.pid == os.getpid():
@@ -96,7 +97,7 @@ def stop_ray_session(
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5)
-    record = Path(root or RAY_TEMP) / RAY_ADDRESS_FILE
+    record = root / RAY_ADDRESS_FILE
     try:  # left behind, it sends every `ray.init(address="auto")` here after a dead head (a long wait, then an error)
         if procs and record.read_text().strip() in gcs:
             record.unlink()
